@@ -1,0 +1,283 @@
+"""One Temporal activity per provider primitive, plus the two waits the core owns.
+
+- describe_providers: enabled provider ids and their Capabilities (the wait bounds).
+- plan: one provider's offers, split into compatible and rejected (with reasons).
+- prepare / cleanup: per-VM side resources.
+- create: one attempt; on any retry it observes first and adopts what landed, so a lost
+  response never becomes a second machine.
+- delete: observes the VM identity and deletes every instance found plus the known ids.
+- wait_running / wait_gone: heartbeating loops over observe at the provider's poll_interval,
+  bounded by boot_timeout / delete_timeout (a missed deadline is Failed for that offer); the
+  deadline travels in the heartbeat details, so a retried attempt keeps it.
+- observe / diagnose: read-only.
+
+ProviderError becomes ApplicationError(type=<ErrorKind>) via `activities.errors.classified`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from pydantic import Field
+from temporalio import activity
+
+from activities.errors import classified
+from activities.heartbeat import Heartbeater
+from providers.base import (
+    Capabilities,
+    CloudProvider,
+    Diagnosis,
+    InstanceSpec,
+    InstanceStatus,
+    Location,
+    Model,
+    Observed,
+    Offer,
+    ResourceRequest,
+    compatibility_reasons,
+)
+from providers.errors import ErrorKind, ProviderError
+
+# Polls in a row that may see no instance right after create before we call it vanished
+# (clouds list new instances with a lag).
+EMPTY_POLLS_BEFORE_VANISHED = 3
+# While waiting for gone, re-request deletion of anything not yet stopping every N polls.
+REDELETE_EVERY_POLLS = 10
+MAX_REJECTED_LISTED = 50
+
+
+class PlanInput(Model):
+    provider: str
+    request: ResourceRequest
+
+
+class PlanResult(Model):
+    offers: list[Offer] = Field(default_factory=list)  # compatible, provider's order
+    rejected: list[str] = Field(default_factory=list)  # "offer id: reasons" (first 50)
+    rejected_count: int = 0
+
+
+class PrepareInput(Model):
+    offer: Offer
+    spec: InstanceSpec
+
+
+class CreateInput(Model):
+    offer: Offer
+    prepared: dict[str, Any]
+    spec: InstanceSpec
+
+
+class VmInput(Model):
+    """A VM identity at a location; `ids` are the instance ids known so far."""
+
+    location: Location
+    vm: str
+    ids: list[str] = Field(default_factory=list)
+
+
+class DiagnoseInput(Model):
+    location: Location
+    vm: str
+    instance_id: str | None = None
+
+
+class WaitProgress(Model):
+    """Heartbeat details of a wait: when it began (the deadline's origin) and what it saw."""
+
+    started_at: float
+    polls: int = 0
+    last_seen: list[str] = Field(default_factory=list)  # "id=Status"
+
+
+class CloudActivities:
+    """Activities bound to the providers this worker was built with (no global registry)."""
+
+    def __init__(self, providers: dict[str, CloudProvider]) -> None:
+        self._providers = providers
+
+    def all(self) -> list[Any]:
+        return [
+            self.describe_providers,
+            self.plan,
+            self.prepare,
+            self.create,
+            self.delete,
+            self.cleanup,
+            self.observe,
+            self.diagnose,
+            self.wait_running,
+            self.wait_gone,
+        ]
+
+    def _provider(self, name: str) -> CloudProvider:
+        try:
+            return self._providers[name]
+        except KeyError:
+            raise ProviderError(
+                ErrorKind.INVALID_REQUEST, f"provider {name!r} is not enabled on this worker"
+            ) from None
+
+    @activity.defn(name="describe_providers")
+    async def describe_providers(self) -> dict[str, Capabilities]:
+        return {name: provider.capabilities() for name, provider in self._providers.items()}
+
+    @activity.defn(name="plan")
+    async def plan(self, request: PlanInput) -> PlanResult:
+        with classified():
+            offers = await self._provider(request.provider).plan(request.request)
+        result = PlanResult()
+        for offer in offers:
+            reasons = compatibility_reasons(offer, request.request)
+            if not reasons:
+                result.offers.append(offer)
+                continue
+            result.rejected_count += 1
+            if len(result.rejected) < MAX_REJECTED_LISTED:
+                result.rejected.append(f"{offer.id}: {'; '.join(reasons)}")
+        return result
+
+    @activity.defn(name="prepare")
+    async def prepare(self, request: PrepareInput) -> dict[str, Any]:
+        with classified():
+            return await self._provider(request.offer.provider).prepare(request.offer, request.spec)
+
+    @activity.defn(name="create")
+    async def create(self, request: CreateInput) -> list[str]:
+        provider = self._provider(request.offer.provider)
+        with classified():
+            if activity.info().attempt > 1:
+                # An earlier attempt may have landed with its response lost: adopt it.
+                existing = await provider.observe(request.offer.location, request.spec.vm)
+                if existing:
+                    activity.logger.info(
+                        "adopting %s for %s", [o.id for o in existing], request.spec.vm
+                    )
+                    return [o.id for o in existing]
+            return await provider.create(request.offer, request.prepared, request.spec)
+
+    @activity.defn(name="delete")
+    async def delete(self, request: VmInput) -> list[str]:
+        provider = self._provider(request.location.provider)
+        with classified():
+            observed = await provider.observe(request.location, request.vm)
+            ids = sorted({*request.ids, *(o.id for o in observed)})
+            if ids:
+                await provider.delete(request.location, request.vm, ids)
+        return ids
+
+    @activity.defn(name="cleanup")
+    async def cleanup(self, request: VmInput) -> None:
+        with classified():
+            await self._provider(request.location.provider).cleanup(request.location, request.vm)
+
+    @activity.defn(name="observe")
+    async def observe(self, request: VmInput) -> list[Observed]:
+        with classified():
+            return await self._provider(request.location.provider).observe(
+                request.location, request.vm
+            )
+
+    @activity.defn(name="diagnose")
+    async def diagnose(self, request: DiagnoseInput) -> Diagnosis:
+        with classified():
+            return await self._provider(request.location.provider).diagnose(
+                request.location, request.vm, request.instance_id
+            )
+
+    @activity.defn(name="wait_running")
+    async def wait_running(self, request: VmInput) -> list[Observed]:
+        """Poll observe until every instance of the VM is Running; Failed or late is Failed."""
+        provider = self._provider(request.location.provider)
+        hints = provider.capabilities()
+        progress = Heartbeater.resume(WaitProgress, WaitProgress(started_at=time.time()))
+        deadline = progress.started_at + hints.boot_timeout
+        empty_polls = 0
+        with classified():
+            async with Heartbeater(progress) as heartbeat:
+                while True:
+                    observed = await _observe_tolerating_transient(provider, request)
+                    if observed is not None:
+                        progress = _progressed(progress, observed)
+                        heartbeat.update(progress)
+                        _raise_if_failed(observed)
+                        if observed and all(o.status is InstanceStatus.RUNNING for o in observed):
+                            return observed
+                        empty_polls = 0 if observed else empty_polls + 1
+                        if empty_polls >= EMPTY_POLLS_BEFORE_VANISHED and request.ids:
+                            raise ProviderError(
+                                ErrorKind.FAILED,
+                                f"instances {request.ids} of {request.vm} vanished while booting",
+                            )
+                    if time.time() >= deadline:
+                        seen = ", ".join(progress.last_seen) or "nothing"
+                        raise ProviderError(
+                            ErrorKind.FAILED,
+                            f"{request.vm} not running after boot_timeout "
+                            f"{hints.boot_timeout:g}s (last seen: {seen})",
+                        )
+                    await asyncio.sleep(hints.poll_interval)
+
+    @activity.defn(name="wait_gone")
+    async def wait_gone(self, request: VmInput) -> None:
+        """Poll observe until nothing carries the VM identity: only that is proof of gone."""
+        provider = self._provider(request.location.provider)
+        hints = provider.capabilities()
+        progress = Heartbeater.resume(WaitProgress, WaitProgress(started_at=time.time()))
+        deadline = progress.started_at + hints.delete_timeout
+        with classified():
+            async with Heartbeater(progress) as heartbeat:
+                while True:
+                    observed = await _observe_tolerating_transient(provider, request)
+                    if observed is not None:
+                        progress = _progressed(progress, observed)
+                        heartbeat.update(progress)
+                        if not observed:
+                            return
+                        lingering = [
+                            o.id for o in observed if o.status is not InstanceStatus.STOPPING
+                        ]
+                        if lingering and progress.polls % REDELETE_EVERY_POLLS == 0:
+                            await provider.delete(request.location, request.vm, lingering)
+                    if time.time() >= deadline:
+                        seen = ", ".join(progress.last_seen)
+                        raise ProviderError(
+                            ErrorKind.FAILED,
+                            f"{request.vm} still present after delete_timeout "
+                            f"{hints.delete_timeout:g}s: {seen}",
+                        )
+                    await asyncio.sleep(hints.poll_interval)
+
+
+async def _observe_tolerating_transient(
+    provider: CloudProvider, request: VmInput
+) -> list[Observed] | None:
+    """One poll; a Transient error is a missed poll (None), anything else propagates."""
+    try:
+        return await provider.observe(request.location, request.vm)
+    except ProviderError as error:
+        if error.kind is not ErrorKind.TRANSIENT:
+            raise
+        if error.retry_after:
+            await asyncio.sleep(error.retry_after)
+        return None
+
+
+def _progressed(progress: WaitProgress, observed: list[Observed]) -> WaitProgress:
+    return progress.model_copy(
+        update={
+            "polls": progress.polls + 1,
+            "last_seen": [f"{o.id}={o.status.value}" for o in observed],
+        }
+    )
+
+
+def _raise_if_failed(observed: list[Observed]) -> None:
+    for instance in observed:
+        if instance.status is InstanceStatus.FAILED:
+            raise ProviderError(
+                ErrorKind.FAILED,
+                f"instance {instance.id} failed: {instance.message or 'no reason given'}",
+            )

@@ -1,0 +1,66 @@
+"""Heartbeats as a context manager, with typed progress that a retried attempt resumes from."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from datetime import timedelta
+from types import TracebackType
+from typing import Generic, TypeVar
+
+from pydantic import BaseModel
+from temporalio import activity
+
+ProgressT = TypeVar("ProgressT", bound=BaseModel)
+
+DEFAULT_INTERVAL = 5.0
+
+
+class Heartbeater(Generic[ProgressT]):
+    """Beats in the background at a third of the heartbeat timeout with the latest progress.
+
+    `Heartbeater.resume(Progress, default)` returns the details saved by a previous attempt of
+    this activity (another worker, after a crash), so a wait keeps its original deadline.
+    """
+
+    def __init__(self, progress: ProgressT) -> None:
+        self.progress = progress
+        timeout = activity.info().heartbeat_timeout
+        self._interval = (
+            timeout.total_seconds() / 3 if isinstance(timeout, timedelta) else DEFAULT_INTERVAL
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    @staticmethod
+    def resume(model: type[ProgressT], default: ProgressT) -> ProgressT:
+        details = activity.info().heartbeat_details
+        if details:
+            try:
+                return model.model_validate(details[0])
+            except ValueError:
+                return default
+        return default
+
+    def update(self, progress: ProgressT) -> None:
+        self.progress = progress
+        activity.heartbeat(progress.model_dump(mode="json"))
+
+    async def _beat(self) -> None:
+        while True:
+            activity.heartbeat(self.progress.model_dump(mode="json"))
+            await asyncio.sleep(self._interval)
+
+    async def __aenter__(self) -> Heartbeater[ProgressT]:
+        self._task = asyncio.create_task(self._beat())
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task

@@ -1,0 +1,190 @@
+"""Settings: one `gpuprov.toml` (path by flag or GPUPROV_CONFIG) plus environment overrides.
+
+Sections: `[temporal]`, `[database]`, `[api]`, `[providers.<id>]`. Any setting can be overridden
+by an environment variable named after its path with double underscores, e.g.
+`GPUPROV_TEMPORAL__ADDRESS=temporal:7233` or `GPUPROV_PROVIDERS__FAKE__BOOT_DELAY_SECONDS=5`.
+Values are read as TOML literals where they parse (numbers, booleans, arrays), else as strings.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError
+
+from gpuprov.models import format_validation_error
+from providers.base import Model
+from providers.errors import ErrorKind
+
+ENV_PREFIX = "GPUPROV_"
+CONFIG_ENV = "GPUPROV_CONFIG"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be used; the message names the setting."""
+
+
+class TemporalSettings(Model):
+    address: str = "localhost:7233"
+    namespace: str = "default"
+    task_queue: str = "gpuprov"
+    ui_port: int = 8233  # the dev server's Web UI (gpuprov dev / demo)
+    data_dir: str = ".data"  # the dev server's SQLite file lives here
+
+
+class DatabaseSettings(Model):
+    url: str = "sqlite:///.data/gpuprov.db"
+
+
+class ApiSettings(Model):
+    host: str = "127.0.0.1"
+    port: int = 8080
+
+
+class ProviderSettings(Model):
+    """Fields every provider section has."""
+
+    enabled: bool = True
+
+
+# ---------------------------------------------------------------- [providers.fake]
+
+
+class FakeRegion(Model):
+    name: str
+    zones: list[str] = Field(default_factory=list)
+
+
+class FakeInstanceType(Model):
+    name: str
+    gpu: str | None = None
+    gpu_count: int = Field(default=0, ge=0)
+    gpu_memory_gb: float | None = None
+    vcpus: int | None = None
+    memory_gb: float | None = None
+    disk_gb: float | None = None
+    price: float | None = Field(default=None, ge=0)  # USD/hour; None = the cloud shows none
+    spot_price: float | None = Field(default=None, ge=0)  # also offered as spot when set
+    regions: list[str] | None = None  # None = every region
+
+
+FakePrimitive = Literal["plan", "prepare", "create", "observe", "delete", "cleanup"]
+FaultEffect = Literal["error", "lost_response", "boot_failed", "boot_hang"]
+
+
+class FaultRule(Model):
+    """Inject a failure into the fake cloud.
+
+    A rule matches calls of `primitive` (optionally narrowed to a region, an offer id or a VM
+    name prefix); it skips the first `after` matching calls and fires on the next `times` (None:
+    on every one). Effects:
+    - error: raise ProviderError(kind, message); nothing is created.
+    - lost_response (create): the instance is created, then the call raises `kind`
+      (Transient by default) as if the response were lost.
+    - boot_failed (create): the instance is created and boots into Failed.
+    - boot_hang (create): the instance is created and never leaves Pending.
+    """
+
+    primitive: FakePrimitive
+    kind: ErrorKind = ErrorKind.TRANSIENT
+    message: str = "injected fault"
+    effect: FaultEffect = "error"
+    region: str | None = None
+    offer: str | None = None
+    vm: str | None = None  # prefix of the VM name
+    after: int = Field(default=0, ge=0)
+    times: int | None = Field(default=None, ge=1)
+
+
+class FakeProviderConfig(ProviderSettings):
+    """The deterministic fake cloud: catalogue, timings, fault rules, optional state file."""
+
+    regions: list[FakeRegion] = Field(
+        default_factory=lambda: [FakeRegion(name="us-east-1", zones=["us-east-1a"])]
+    )
+    instance_types: list[FakeInstanceType] = Field(
+        default_factory=lambda: [
+            FakeInstanceType(
+                name="h100x8",
+                gpu="H100",
+                gpu_count=8,
+                gpu_memory_gb=80,
+                vcpus=208,
+                memory_gb=1800,
+                disk_gb=2000,
+                price=23.92,
+            )
+        ]
+    )
+    boot_delay_seconds: float = Field(default=2.0, ge=0)
+    delete_delay_seconds: float = Field(default=0.5, ge=0)
+    call_latency_seconds: float = Field(default=0.0, ge=0)
+    poll_interval: float = Field(default=0.5, gt=0)
+    boot_timeout: float = Field(default=60.0, gt=0)
+    delete_timeout: float = Field(default=30.0, gt=0)
+    state_path: str | None = None  # SQLite file; None keeps the cloud in memory
+    ssh_host: str = "127.0.0.1"
+    ssh_port: int = 22
+    faults: list[FaultRule] = Field(default_factory=list)
+
+
+class ProvidersSettings(Model):
+    fake: FakeProviderConfig | None = None
+
+    def enabled_ids(self) -> list[str]:
+        return [
+            name
+            for name in type(self).model_fields
+            if (section := getattr(self, name)) is not None and section.enabled
+        ]
+
+
+class Settings(Model):
+    temporal: TemporalSettings = Field(default_factory=TemporalSettings)
+    database: DatabaseSettings = Field(default_factory=DatabaseSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    providers: ProvidersSettings = Field(default_factory=ProvidersSettings)
+
+
+def _parse_env_value(raw: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
+    for name, raw in sorted(env.items()):
+        if not name.startswith(ENV_PREFIX) or name == CONFIG_ENV or "__" not in name:
+            continue
+        path = name[len(ENV_PREFIX) :].lower().split("__")
+        target = data
+        for part in path[:-1]:
+            nested = target.setdefault(part, {})
+            if not isinstance(nested, dict):
+                raise ConfigError(f"{name}: {part} is not a section")
+            target = nested
+        target[path[-1]] = _parse_env_value(raw)
+
+
+def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Read the TOML file (flag, then GPUPROV_CONFIG, else defaults) and apply env overrides."""
+    env = os.environ if env is None else env
+    path = path or env.get(CONFIG_ENV)
+    data: dict[str, Any] = {}
+    if path:
+        try:
+            data = tomllib.loads(Path(path).read_text())
+        except OSError as error:
+            raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
+        except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"malformed config {path}: {error}") from None
+    _apply_env(data, env)
+    try:
+        return Settings.model_validate(data)
+    except ValidationError as error:
+        raise ConfigError(f"invalid config: {format_validation_error(error)}") from None

@@ -1,0 +1,161 @@
+"""`gpuprov demo`: the README's first command, the whole story on the fake cloud.
+
+A Temporal dev server (with UI) and a worker start; a 2-node H100 job is submitted; the
+cheapest offer answers with a capacity stockout; the job tears that attempt down, blocks the
+offer, fails over, reaches `ready`; the demo releases it, waits until every instance is
+confirmed gone, prints the final status and the UI link, and shuts everything down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+from collections.abc import Callable
+
+from gpuprov.client import GpuprovClient
+from gpuprov.config import (
+    FakeInstanceType,
+    FakeProviderConfig,
+    FakeRegion,
+    FaultRule,
+    ProvidersSettings,
+    Settings,
+    TemporalSettings,
+)
+from gpuprov.dev import dev_stack
+from gpuprov.models import JobSpec, JobState, JobStatus, Resources
+from gpuprov.render import progress_line, status_text
+from providers.errors import ErrorKind
+from providers.fake import FakeCloudState
+
+DEMO_JOB = "demo-train"
+STOCKOUT = (
+    "InsufficientInstanceCapacity: We currently do not have sufficient h100x8 capacity in the "
+    "Availability Zone you requested (us-east-1a)."
+)
+
+
+def demo_cloud(state_path: str | None = None) -> FakeProviderConfig:
+    h100 = dict(gpu="H100", gpu_count=8, gpu_memory_gb=80, vcpus=208, memory_gb=1800, disk_gb=2000)
+    return FakeProviderConfig(
+        regions=[
+            FakeRegion(name="us-east-1", zones=["us-east-1a", "us-east-1b"]),
+            FakeRegion(name="us-west-2", zones=["us-west-2a"]),
+        ],
+        instance_types=[
+            FakeInstanceType(name="h100x8", price=23.92, regions=["us-east-1"], **h100),
+            FakeInstanceType(name="h100x8", price=24.48, regions=["us-west-2"], **h100),
+            FakeInstanceType(
+                name="a100x8",
+                gpu="A100",
+                gpu_count=8,
+                gpu_memory_gb=80,
+                vcpus=96,
+                memory_gb=1152,
+                disk_gb=1000,
+                price=14.32,
+            ),
+        ],
+        boot_delay_seconds=3.0,
+        delete_delay_seconds=1.0,
+        poll_interval=0.5,
+        boot_timeout=60,
+        delete_timeout=30,
+        state_path=state_path,
+        faults=[
+            FaultRule(
+                primitive="create",
+                offer="fake/us-east-1a/h100x8",
+                kind=ErrorKind.CAPACITY,
+                message=STOCKOUT,
+            )
+        ],
+    )
+
+
+def demo_job() -> JobSpec:
+    return JobSpec(
+        name=DEMO_JOB,
+        nodes=2,
+        resources=Resources(gpu="H100", gpus_per_node=8, min_vcpus=32, min_memory_gb=256),
+        max_hourly_cost=60.0,
+        provisioning_timeout_seconds=300,
+    )
+
+
+async def run_demo(
+    out: Callable[[str], None] = print, hold: Callable[[], object] | None = None
+) -> JobStatus:
+    with tempfile.TemporaryDirectory(prefix="gpuprov-demo-") as data_dir:
+        settings = Settings(
+            temporal=TemporalSettings(data_dir=data_dir),
+            providers=ProvidersSettings(fake=demo_cloud(f"{data_dir}/fake-cloud.db")),
+        )
+        async with dev_stack(settings) as stack:
+            out(f"Temporal dev server at {stack.address}, Web UI at {stack.ui_url}")
+            client = GpuprovClient(stack.client, settings.temporal.task_queue)
+            spec = demo_job()
+            handle = await client.submit(spec)
+            out(f"submitted {spec.nodes}x {spec.resources.gpu} job {spec.name}")
+            out(f"watch it: {stack.workflow_url(spec.workflow_id)}")
+            printer = _printer(out)
+            status = await handle.wait_for(
+                lambda s: s.state is JobState.READY, timeout=300, on_change=printer
+            )
+            if status.state is JobState.READY:
+                out("job is ready; the work would run now. Releasing it.")
+                await handle.release()
+            status = await handle.wait_for(lambda s: False, timeout=300, on_change=printer)
+            out("")
+            out(status_text(status))
+            out(_cloud_ledger(settings.providers.fake))
+            out(f"Temporal UI for this job: {stack.workflow_url(spec.workflow_id)}")
+            if hold is not None:
+                hold()
+        out("dev server and worker stopped; nothing left running.")
+        return status
+
+
+def _cloud_ledger(config: FakeProviderConfig | None) -> str:
+    """What the fake cloud itself says is left: the proof that nothing leaked."""
+    assert config is not None
+    state = FakeCloudState(config.state_path)
+    try:
+        live = state.live_instances(config.delete_delay_seconds)
+        creates = state.creates_per_vm()
+        side = state.live_side_resources()
+    finally:
+        state.close()
+    per_vm = ", ".join(f"{vm}={n}" for vm, n in sorted(creates.items())) or "none"
+    return (
+        f"fake cloud ledger: {len(live)} live instance(s), {len(side)} side resource(s); "
+        f"instances ever created per VM: {per_vm}"
+    )
+
+
+def _printer(out: Callable[[str], None]) -> Callable[[JobStatus], None]:
+    seen: set[str] = set()
+    reported_attempts: set[int] = set()
+
+    def on_change(status: JobStatus) -> None:
+        line = progress_line(status)
+        if line not in seen:
+            seen.add(line)
+            out(line)
+        for attempt in status.attempts:
+            if attempt.kind is not None and attempt.number not in reported_attempts:
+                reported_attempts.add(attempt.number)
+                out(f"  attempt {attempt.describe()}")
+
+    return on_change
+
+
+def main(hold: bool = False) -> int:
+    wait: Callable[[], object] | None = None
+    if hold:
+
+        def wait() -> object:
+            return input("the UI stays up; press Enter to shut down... ")
+
+    status = asyncio.run(run_demo(hold=wait))
+    return 0 if status.state is JobState.COMPLETED else 1

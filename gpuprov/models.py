@@ -1,0 +1,238 @@
+"""The public, versioned payloads: JobSpec in, JobStatus out.
+
+Users and other services depend on these names (DESIGN.md, "The public contract"): add fields
+with defaults, never rename. Every model rejects unknown fields so a typo is an error that names
+the field, not a silently ignored setting.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import Field, ValidationError, field_validator
+
+from providers import PROVIDER_IDS
+from providers.base import (
+    Location,
+    Model,
+    Observed,
+    Offer,
+    PriceQuote,
+    ResourceRequest,
+    SshEndpoint,
+)
+from providers.errors import ErrorKind
+
+JOB_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
+
+
+class Resources(Model):
+    """What each node needs."""
+
+    gpu: str | None = Field(default=None, min_length=1)
+    gpus_per_node: int = Field(default=1, ge=0, le=64)
+    min_vcpus: int | None = Field(default=None, ge=0)
+    min_memory_gb: float | None = Field(default=None, ge=0)
+    min_disk_gb: float | None = Field(default=None, ge=0)
+    spot: bool = False
+
+
+class Placement(Model):
+    provisioning: bool = True  # False: existing workers only
+    providers: list[str] | None = None  # allow-list
+    regions: list[str] | None = None  # allow-list
+
+    @field_validator("providers")
+    @classmethod
+    def _known_providers(cls, providers: list[str] | None) -> list[str] | None:
+        for provider in providers or []:
+            if provider not in PROVIDER_IDS:
+                known = ", ".join(PROVIDER_IDS)
+                raise ValueError(f"unknown provider {provider!r} (known: {known})")
+        return providers
+
+
+class ReleasePolicy(StrEnum):
+    TERMINATE_ON_COMPLETION = "terminate_on_completion"
+    KEEP = "keep"
+
+
+class JobSpec(Model):
+    """A job: N nodes matching `resources`, placed per `placement`, released per `release`."""
+
+    name: str = Field(pattern=JOB_NAME_PATTERN)  # workflow id is job-<name>
+    nodes: int = Field(default=1, ge=1, le=256)
+    resources: Resources = Field(default_factory=Resources)
+    placement: Placement = Field(default_factory=Placement)
+    max_hourly_cost: float | None = Field(default=None, gt=0)  # USD/hour, whole job
+    provisioning_timeout_seconds: int = Field(default=1800, ge=1)
+    release: ReleasePolicy = ReleasePolicy.TERMINATE_ON_COMPLETION
+
+    @property
+    def workflow_id(self) -> str:
+        return workflow_id_for(self.name)
+
+    def resource_request(self) -> ResourceRequest:
+        return ResourceRequest(
+            gpu=self.resources.gpu,
+            gpus_per_node=self.resources.gpus_per_node,
+            min_vcpus=self.resources.min_vcpus,
+            min_memory_gb=self.resources.min_memory_gb,
+            min_disk_gb=self.resources.min_disk_gb,
+            spot=self.resources.spot,
+            providers=self.placement.providers,
+            regions=self.placement.regions,
+        )
+
+
+def workflow_id_for(job_name: str) -> str:
+    return f"job-{job_name}"
+
+
+class JobSpecError(ValueError):
+    """A job spec that cannot be accepted; the message names every offending field."""
+
+
+def format_validation_error(error: ValidationError) -> str:
+    lines = []
+    for problem in error.errors():
+        where = ".".join(str(part) for part in problem["loc"]) or "(spec)"
+        lines.append(f"{where}: {problem['msg']}")
+    return "; ".join(lines)
+
+
+def parse_job_spec(data: Any) -> JobSpec:
+    if not isinstance(data, dict):
+        raise JobSpecError(f"a job spec must be a mapping, got {type(data).__name__}")
+    try:
+        return JobSpec.model_validate(data)
+    except ValidationError as error:
+        raise JobSpecError(f"invalid job spec: {format_validation_error(error)}") from None
+
+
+def load_job_spec(path: str | Path) -> JobSpec:
+    """Read a job spec from a .toml, .yaml/.yml or .json file."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise JobSpecError(f"cannot read job spec {path}: {error.strerror}") from None
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            data = yaml.safe_load(text)
+    except (tomllib.TOMLDecodeError, yaml.YAMLError, json.JSONDecodeError) as error:
+        raise JobSpecError(f"malformed job spec {path}: {error}") from None
+    return parse_job_spec(data)
+
+
+class JobState(StrEnum):
+    QUEUED = "queued"
+    PROVISIONING = "provisioning"
+    READY = "ready"
+    RELEASING = "releasing"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
+
+
+class AttemptOutcome(StrEnum):
+    IN_PROGRESS = "in_progress"
+    FAILED = "failed"
+    SUCCEEDED = "succeeded"  # the job ran on it
+    ABANDONED = "abandoned"  # cancelled or timed out before it was ready
+
+
+class Attempt(Model):
+    """One offer tried: its outcome, and on failure the ErrorKind and the cloud's own words."""
+
+    number: int
+    offer: Offer
+    outcome: AttemptOutcome = AttemptOutcome.IN_PROGRESS
+    step: str | None = None  # the primitive that failed
+    kind: ErrorKind | None = None
+    message: str | None = None
+
+    def describe(self) -> str:
+        where = f"{self.offer.id} ({self.offer.provider}/{self.offer.region})"
+        if self.kind is None:
+            return f"#{self.number} {where}: {self.outcome.value}"
+        return f"#{self.number} {where}: {self.kind.value} at {self.step}: {self.message}"
+
+
+class NodeInstance(Model):
+    """One node of one attempt: the VM identity, what carries it, and how it ended."""
+
+    attempt: int
+    node_index: int
+    vm: str
+    provider: str
+    region: str
+    zone: str | None = None
+    instance_ids: list[str] = Field(default_factory=list)
+    status: str = "requested"  # requested / running / terminated / kept / leaked
+    ssh: SshEndpoint | None = None
+
+    @property
+    def location(self) -> Location:
+        return Location(provider=self.provider, region=self.region, zone=self.zone)
+
+    def record_observed(self, observed: list[Observed]) -> None:
+        self.instance_ids = [instance.id for instance in observed]
+        self.ssh = next((o.ssh for o in observed if o.ssh is not None), None)
+
+
+class BlockScope(StrEnum):
+    OFFER = "offer"
+    REGION = "region"
+    PROVIDER = "provider"
+
+
+class Block(Model):
+    """An offer, region or provider not to try again, and the error that caused it."""
+
+    scope: BlockScope
+    key: str  # offer id, "provider/region" or provider id
+    kind: ErrorKind
+    message: str
+
+    def covers(self, offer: Offer) -> bool:
+        if self.scope is BlockScope.OFFER:
+            return self.key == offer.id
+        if self.scope is BlockScope.REGION:
+            return self.key == f"{offer.provider}/{offer.region}"
+        return self.key == offer.provider
+
+
+class JobStatus(Model):
+    """Everything the status query answers: where the job is, what it tried, what it holds."""
+
+    name: str
+    state: JobState = JobState.QUEUED
+    waiting_for: str | None = None
+    attempts: list[Attempt] = Field(default_factory=list)
+    nodes: list[NodeInstance] = Field(default_factory=list)
+    blocks: list[Block] = Field(default_factory=list)
+    rejected_offers: list[str] = Field(default_factory=list)  # "offer: reason"
+    hourly_cost: PriceQuote | None = None  # whole job, from the winning offer's quote
+    error: str | None = None
+    leaks: list[str] = Field(default_factory=list)  # teardown steps that did not confirm
+
+    @property
+    def workflow_id(self) -> str:
+        return workflow_id_for(self.name)
+
+    def live_nodes(self) -> list[NodeInstance]:
+        return [node for node in self.nodes if node.status in ("requested", "running", "kept")]

@@ -1,0 +1,65 @@
+"""Plain-text views of jobs and offers for the CLI and the demo."""
+
+from __future__ import annotations
+
+from gpuprov.models import JobStatus
+from providers.base import Offer
+
+
+def price_text(offer: Offer) -> str:
+    if offer.price is None:
+        return "no price"
+    quote = offer.price
+    return f"{quote.amount:.2f} {quote.currency}/{quote.unit} ({quote.source})"
+
+
+def progress_line(status: JobStatus) -> str:
+    waiting = f" - waiting for {status.waiting_for}" if status.waiting_for else ""
+    return f"[{status.state.value}]{waiting}"
+
+
+def status_text(status: JobStatus) -> str:
+    lines = [f"job {status.name}: {status.state.value}"]
+    if status.waiting_for:
+        lines.append(f"  waiting for: {status.waiting_for}")
+    if status.hourly_cost is not None:
+        cost = status.hourly_cost
+        lines.append(f"  estimated cost: {cost.amount:.2f} {cost.currency}/{cost.unit}")
+    if status.attempts:
+        lines.append("  offers tried:")
+        for attempt in status.attempts:
+            lines.append(f"    {attempt.describe()}  [{price_text(attempt.offer)}]")
+    if status.blocks:
+        lines.append("  blocks:")
+        for block in status.blocks:
+            lines.append(
+                f"    {block.scope.value} {block.key}: {block.kind.value}: {block.message}"
+            )
+    if status.nodes:
+        lines.append("  instances:")
+        for node in status.nodes:
+            ids = ",".join(node.instance_ids) or "-"
+            ssh = f" ssh {node.ssh.user}@{node.ssh.host}:{node.ssh.port}" if node.ssh else ""
+            lines.append(
+                f"    attempt {node.attempt} node {node.node_index} {node.vm} "
+                f"[{node.provider}/{node.region}] {ids}: {node.status}{ssh}"
+            )
+    if status.leaks:
+        lines.append("  POSSIBLE LEAKS (teardown did not confirm):")
+        lines += [f"    {leak}" for leak in status.leaks]
+    if status.error:
+        lines.append(f"  error: {status.error}")
+    return "\n".join(lines)
+
+
+def offers_text(offers: list[Offer]) -> str:
+    if not offers:
+        return "no compatible offers"
+    rows = [f"{'offer':40} {'gpu':>10} {'vcpus':>6} {'mem GB':>7}  price"]
+    for offer in offers:
+        gpu = f"{offer.gpu_count}x{offer.gpu_name or '-'}"
+        rows.append(
+            f"{offer.id:40} {gpu:>10} {offer.vcpus or '-':>6} {offer.memory_gb or '-':>7}  "
+            f"{price_text(offer)}"
+        )
+    return "\n".join(rows)

@@ -1,0 +1,275 @@
+"""The provider contract: the one interface every cloud implements, and its typed records.
+
+Nothing above this module knows a cloud's name. The core calls these primitives through
+`activities/cloud.py` and decides what to do with their failures in `workflows/policy.py`.
+
+| primitive | must | must not |
+| --- | --- | --- |
+| plan | offers, cheapest first; what create needs goes in Offer.detail | create anything |
+| prepare | idempotent per (VM, location); returns private JSON (journaled) | create the instance |
+| create | one attempt; label everything `gpuprov-<vm>` | wait for running, or retry |
+| observe | every non-terminated instance with the identity; Failed is reported | hide broken ones |
+| delete | request deletion; unknown or gone ids are success | wait |
+| cleanup | delete per-VM side resources; idempotent | touch shared resources |
+| diagnose | read-only findings; default derived from observe | change anything |
+"""
+
+from __future__ import annotations
+
+import abc
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+VM_LABEL_PREFIX = "gpuprov-"
+
+
+class Model(BaseModel):
+    """Base for every record that crosses the boundary: frozen-shape, unknown fields rejected."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class PriceQuote(Model):
+    """A price exactly as the provider stated it. Never invented: no quote means None."""
+
+    amount: float = Field(ge=0)
+    currency: str = "USD"
+    unit: str = "hour"  # per instance
+    source: str  # where the number came from, e.g. "simulated" or an API endpoint
+    observed_at: datetime
+
+
+class ResourceRequest(Model):
+    """What one node of a job needs."""
+
+    gpu: str | None = None  # model name, case-insensitive; None = no GPU requirement
+    gpus_per_node: int = Field(default=1, ge=0)
+    min_vcpus: int | None = Field(default=None, ge=0)
+    min_memory_gb: float | None = Field(default=None, ge=0)
+    min_disk_gb: float | None = Field(default=None, ge=0)
+    spot: bool = False
+    providers: list[str] | None = None  # allow-list
+    regions: list[str] | None = None  # allow-list
+    denied_providers: list[str] = Field(default_factory=list)
+    denied_regions: list[str] = Field(default_factory=list)
+
+
+class Offer(Model):
+    """One way to get a node: an instance type in a region (and zone) of one provider."""
+
+    id: str
+    provider: str
+    region: str
+    zone: str | None = None
+    instance_type: str
+    gpu_name: str | None = None
+    gpu_count: int = 0
+    gpu_memory_gb: float | None = None
+    vcpus: int | None = None
+    memory_gb: float | None = None
+    disk_gb: float | None = None
+    spot: bool = False
+    price: PriceQuote | None = None
+    detail: dict[str, Any] = Field(default_factory=dict)  # whatever create needs
+
+    @property
+    def location(self) -> Location:
+        return Location(provider=self.provider, region=self.region, zone=self.zone)
+
+
+class Location(Model):
+    provider: str
+    region: str
+    zone: str | None = None
+
+
+class InstanceSpec(Model):
+    """What to create for one node. `vm` is the identity every resource is labelled with."""
+
+    vm: str  # e.g. "train-7b-a2-n0": job, attempt, node
+    job: str
+    node_index: int
+    attempt: int
+    image: str | None = None
+    ssh_public_key: str | None = None
+    user_data: str | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return vm_label(self.vm)
+
+
+def vm_label(vm: str) -> str:
+    """The identity tag/label/name a cloud resource carries: `gpuprov-<vm>`."""
+    return f"{VM_LABEL_PREFIX}{vm}"
+
+
+class InstanceStatus(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    STOPPING = "Stopping"
+    FAILED = "Failed"
+
+
+class SshEndpoint(Model):
+    host: str
+    port: int = 22
+    user: str = "root"
+    host_key_fingerprint: str | None = None  # SHA256:... where the cloud reports one
+
+
+class Observed(Model):
+    """One non-terminated instance carrying a VM identity, as the provider reports it now."""
+
+    id: str
+    status: InstanceStatus
+    ssh: SshEndpoint | None = None
+    message: str | None = None  # the provider's own words about its state, if any
+
+
+class Capabilities(Model):
+    """What a provider cannot do, and how long its machines take (the core's wait bounds)."""
+
+    unsupported: list[str] = Field(default_factory=list)
+    boot_timeout: float = Field(default=1200.0, gt=0)  # seconds until Running
+    delete_timeout: float = Field(default=600.0, gt=0)  # seconds until gone
+    poll_interval: float = Field(default=10.0, gt=0)  # seconds between observe calls
+
+
+class Severity(StrEnum):
+    INFO = "info"
+    WARN = "warn"
+    CRITICAL = "critical"
+
+
+class Verdict(StrEnum):
+    HEALTHY = "healthy"
+    DEGRADED = "degraded"
+    UNHEALTHY = "unhealthy"
+    GONE = "gone"
+
+
+class Finding(Model):
+    severity: Severity
+    code: str
+    message: str
+
+
+class Diagnosis(Model):
+    """Read-only health of one VM. `instance` None means nothing carries the identity: gone."""
+
+    instance: Observed | None
+    findings: list[Finding] = Field(default_factory=list)
+
+    @property
+    def verdict(self) -> Verdict:
+        if self.instance is None:
+            return Verdict.GONE
+        severities = {finding.severity for finding in self.findings}
+        if Severity.CRITICAL in severities:
+            return Verdict.UNHEALTHY
+        if Severity.WARN in severities:
+            return Verdict.DEGRADED
+        return Verdict.HEALTHY
+
+
+class CloudProvider(abc.ABC):
+    """One cloud account. Every primitive is one bounded call; the core does all waiting."""
+
+    name: str
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities()
+
+    @abc.abstractmethod
+    async def plan(self, request: ResourceRequest) -> list[Offer]: ...
+
+    @abc.abstractmethod
+    async def prepare(self, offer: Offer, spec: InstanceSpec) -> dict[str, Any]: ...
+
+    @abc.abstractmethod
+    async def create(
+        self, offer: Offer, prepared: dict[str, Any], spec: InstanceSpec
+    ) -> list[str]: ...
+
+    @abc.abstractmethod
+    async def observe(self, location: Location, vm: str) -> list[Observed]: ...
+
+    @abc.abstractmethod
+    async def delete(self, location: Location, vm: str, ids: list[str]) -> None: ...
+
+    @abc.abstractmethod
+    async def cleanup(self, location: Location, vm: str) -> None: ...
+
+    async def diagnose(
+        self, location: Location, vm: str, instance_id: str | None = None
+    ) -> Diagnosis:
+        """Default diagnosis: what observe says about the instance."""
+        observed = [o for o in await self.observe(location, vm) if instance_id in (None, o.id)]
+        if not observed:
+            return Diagnosis(instance=None)
+        instance = observed[0]
+        findings: list[Finding] = []
+        if len(observed) > 1:
+            ids = ", ".join(o.id for o in observed)
+            findings.append(
+                Finding(severity=Severity.WARN, code="duplicate", message=f"several: {ids}")
+            )
+        if instance.status is InstanceStatus.FAILED:
+            findings.append(
+                Finding(
+                    severity=Severity.CRITICAL,
+                    code="failed",
+                    message=instance.message or "the provider reports the instance failed",
+                )
+            )
+        elif instance.status is not InstanceStatus.RUNNING:
+            findings.append(
+                Finding(
+                    severity=Severity.WARN,
+                    code=instance.status.value.lower(),
+                    message=instance.message or f"instance is {instance.status.value}",
+                )
+            )
+        return Diagnosis(instance=instance, findings=findings)
+
+    async def aclose(self) -> None:
+        """Release connections; providers holding clients override this."""
+
+
+def compatibility_reasons(offer: Offer, request: ResourceRequest) -> list[str]:
+    """Why `offer` cannot serve one node of `request`; empty means compatible.
+
+    The same function the scheduler uses for existing workers, so plan filtering and placement
+    never disagree.
+    """
+    reasons: list[str] = []
+    if request.providers is not None and offer.provider not in request.providers:
+        reasons.append(f"provider {offer.provider} is not in the allow-list")
+    if offer.provider in request.denied_providers:
+        reasons.append(f"provider {offer.provider} is denied")
+    if request.regions is not None and offer.region not in request.regions:
+        reasons.append(f"region {offer.region} is not in the allow-list")
+    if offer.region in request.denied_regions:
+        reasons.append(f"region {offer.region} is denied")
+    if request.gpu is not None and (offer.gpu_name or "").lower() != request.gpu.lower():
+        reasons.append(f"gpu {offer.gpu_name or 'none'} is not {request.gpu}")
+    if offer.gpu_count < request.gpus_per_node:
+        reasons.append(f"{offer.gpu_count} GPUs < {request.gpus_per_node}")
+    minimums = (
+        ("vcpus", offer.vcpus, request.min_vcpus),
+        ("memory_gb", offer.memory_gb, request.min_memory_gb),
+        ("disk_gb", offer.disk_gb, request.min_disk_gb),
+    )
+    for field, have, need in minimums:
+        if need is not None and (have is None or have < need):
+            reasons.append(f"{field} {have if have is not None else 'unknown'} < {need}")
+    if offer.spot != request.spot:
+        reasons.append(
+            "spot offer, on-demand asked" if offer.spot else "on-demand offer, spot asked"
+        )
+    return reasons

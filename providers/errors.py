@@ -1,0 +1,49 @@
+"""The error vocabulary of the cloud boundary.
+
+Adapters classify every failure into one `ErrorKind` (a table of codes per cloud, never string
+matching on messages) and raise `ProviderError`. What each kind *does* is decided in exactly one
+place, `workflows/policy.py`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorKind(StrEnum):
+    """Why a provider call failed, in the terms the failover policy understands."""
+
+    TRANSIENT = "Transient"  # throttling, 5xx, timeouts: retry the same step
+    CAPACITY = "Capacity"  # stockout for this offer
+    QUOTA = "Quota"  # account limit, usually region-wide
+    UNAVAILABLE = "Unavailable"  # not viable here and nothing was created
+    FAILED = "Failed"  # anything else after resources may exist
+    INVALID_REQUEST = "InvalidRequest"  # the ask cannot be satisfied anywhere
+    CREDENTIALS = "Credentials"  # authentication or authorisation failure
+
+
+class ProviderError(Exception):
+    """A classified provider failure.
+
+    `message` should carry the cloud's own words (code and text) so a user reading the job's
+    failure sees what the cloud said. `retry_after` (seconds) honours a cloud's Retry-After.
+    `block_scope` lets an adapter widen (or narrow) the block for this error.
+    """
+
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        retry_after: float | None = None,
+        block_scope: str | None = None,
+    ) -> None:
+        super().__init__(f"{kind.value}: {message}")
+        self.kind = ErrorKind(kind)
+        self.message = message
+        self.retry_after = retry_after
+        # Overrides the policy's block scope for this one error ("offer", "region",
+        # "provider"), e.g. a quota that names every region of the account.
+        self.block_scope = block_scope
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (ProviderError, (self.kind, self.message, self.retry_after, self.block_scope))

@@ -1,0 +1,230 @@
+"""The fake cloud adapter: the provider contract over `FakeCloudState`, with fault rules.
+
+Primitive -> what happens in the ledger:
+- plan: one offer per (region, zone, instance type), plus a spot offer where a spot price is
+  configured; price source "simulated", None where the catalogue has no price.
+- prepare: records a per-VM firewall side resource (idempotent).
+- create: adds one instance row labelled with the VM; `boot_mode` comes from fault effects.
+- observe: instances of the VM in the region that are not gone; Pending until boot_delay has
+  passed, then Running with an SSH endpoint (Failed / forever Pending under fault effects);
+  Stopping until delete_delay has passed after a delete.
+- delete: marks the given ids deleted (unknown ids are success).
+- cleanup: deletes the VM's side resources in the region.
+
+Every primitive first counts the call and consults the fault rules (see `FaultRule`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+from gpuprov.config import FakeInstanceType, FakeProviderConfig, FaultRule
+from providers.base import (
+    Capabilities,
+    CloudProvider,
+    InstanceSpec,
+    InstanceStatus,
+    Location,
+    Observed,
+    Offer,
+    PriceQuote,
+    ResourceRequest,
+    SshEndpoint,
+)
+from providers.errors import ErrorKind, ProviderError
+from providers.fake.state import FakeCloudState, InstanceRow
+
+PROVIDER_ID = "fake"
+PRICE_SOURCE = "simulated"
+
+
+class FakeCloud(CloudProvider):
+    name = PROVIDER_ID
+
+    def __init__(self, config: FakeProviderConfig, state: FakeCloudState | None = None) -> None:
+        self.config = config
+        self.state = state or FakeCloudState(config.state_path)
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            boot_timeout=self.config.boot_timeout,
+            delete_timeout=self.config.delete_timeout,
+            poll_interval=self.config.poll_interval,
+        )
+
+    async def aclose(self) -> None:
+        self.state.close()
+
+    # ------------------------------------------------------------------ primitives
+
+    async def plan(self, request: ResourceRequest) -> list[Offer]:
+        await self._enter("plan", region="*")
+        offers = [
+            offer
+            for region in self.config.regions
+            for zone in region.zones or [None]
+            for instance_type in self.config.instance_types
+            if instance_type.regions is None or region.name in instance_type.regions
+            for offer in self._offers_for(region.name, zone, instance_type)
+        ]
+        return sorted(offers, key=_offer_order)
+
+    async def prepare(self, offer: Offer, spec: InstanceSpec) -> dict[str, Any]:
+        await self._enter("prepare", region=offer.region, offer=offer.id, vm=spec.vm)
+        self._instance_type(offer)  # an offer this cloud never made is InvalidRequest
+        firewall = f"{spec.label}-fw"
+        self.state.add_side_resource(spec.vm, offer.region, "firewall", firewall)
+        return {"firewall": firewall}
+
+    async def create(self, offer: Offer, prepared: dict[str, Any], spec: InstanceSpec) -> list[str]:
+        fault = await self._enter(
+            "create", region=offer.region, offer=offer.id, vm=spec.vm, raise_error=False
+        )
+        if fault is not None and fault.effect == "error":
+            raise ProviderError(fault.kind, fault.message)
+        boot_mode = {"boot_failed": "failed", "boot_hang": "hang"}.get(
+            fault.effect if fault else "", "normal"
+        )
+        instance_id = self.state.add_instance(
+            vm=spec.vm,
+            region=offer.region,
+            zone=offer.zone,
+            offer_id=offer.id,
+            instance_type=self._instance_type(offer).name,
+            boot_mode=boot_mode,
+        )
+        if fault is not None and fault.effect == "lost_response":
+            raise ProviderError(fault.kind, fault.message)
+        return [instance_id]
+
+    async def observe(self, location: Location, vm: str) -> list[Observed]:
+        await self._enter("observe", region=location.region, vm=vm)
+        now = time.time()
+        return [
+            observed
+            for row in self.state.instances(vm=vm, region=location.region)
+            if (observed := self._observed(row, now)) is not None
+        ]
+
+    async def delete(self, location: Location, vm: str, ids: list[str]) -> None:
+        await self._enter("delete", region=location.region, vm=vm)
+        self.state.mark_deleted(vm, location.region, ids)
+
+    async def cleanup(self, location: Location, vm: str) -> None:
+        await self._enter("cleanup", region=location.region, vm=vm)
+        self.state.delete_side_resources(vm, location.region)
+
+    # ------------------------------------------------------------------ for tests and demos
+
+    def live_instances(self) -> list[InstanceRow]:
+        return self.state.live_instances(self.config.delete_delay_seconds)
+
+    # ------------------------------------------------------------------ internals
+
+    async def _enter(
+        self,
+        primitive: str,
+        *,
+        region: str,
+        offer: str | None = None,
+        vm: str | None = None,
+        raise_error: bool = True,
+    ) -> FaultRule | None:
+        """Simulate latency, count the call, and return (or raise) the fault that fires."""
+        if self.config.call_latency_seconds:
+            await asyncio.sleep(self.config.call_latency_seconds)
+        self.state.count_call(primitive, region)
+        for index, rule in enumerate(self.config.faults):
+            if not _matches(rule, primitive, region, offer, vm):
+                continue
+            if not self.state.hit_fault(index, rule.after, rule.times):
+                continue
+            if raise_error and rule.effect == "error":
+                raise ProviderError(rule.kind, rule.message)
+            return rule
+        return None
+
+    def _offers_for(
+        self, region: str, zone: str | None, instance_type: FakeInstanceType
+    ) -> list[Offer]:
+        place = zone or region
+        base = dict(
+            provider=PROVIDER_ID,
+            region=region,
+            zone=zone,
+            instance_type=instance_type.name,
+            gpu_name=instance_type.gpu,
+            gpu_count=instance_type.gpu_count,
+            gpu_memory_gb=instance_type.gpu_memory_gb,
+            vcpus=instance_type.vcpus,
+            memory_gb=instance_type.memory_gb,
+            disk_gb=instance_type.disk_gb,
+        )
+        offers = [
+            Offer(
+                id=f"fake/{place}/{instance_type.name}",
+                price=_quote(instance_type.price),
+                detail={"instance_type": instance_type.name},
+                **base,
+            )
+        ]
+        if instance_type.spot_price is not None:
+            offers.append(
+                Offer(
+                    id=f"fake/{place}/{instance_type.name}/spot",
+                    spot=True,
+                    price=_quote(instance_type.spot_price),
+                    detail={"instance_type": instance_type.name, "spot": True},
+                    **base,
+                )
+            )
+        return offers
+
+    def _instance_type(self, offer: Offer) -> FakeInstanceType:
+        name = offer.detail.get("instance_type")
+        for instance_type in self.config.instance_types:
+            if instance_type.name == name:
+                return instance_type
+        raise ProviderError(ErrorKind.INVALID_REQUEST, f"unknown instance type {name!r}")
+
+    def _observed(self, row: InstanceRow, now: float) -> Observed | None:
+        if row.deleted_at is not None:
+            if now - row.deleted_at >= self.config.delete_delay_seconds:
+                return None
+            return Observed(id=row.id, status=InstanceStatus.STOPPING)
+        booted = now - row.created_at >= self.config.boot_delay_seconds
+        if row.boot_mode == "failed" and booted:
+            return Observed(
+                id=row.id, status=InstanceStatus.FAILED, message="instance failed to boot"
+            )
+        if row.boot_mode == "hang" or not booted:
+            return Observed(id=row.id, status=InstanceStatus.PENDING)
+        return Observed(
+            id=row.id,
+            status=InstanceStatus.RUNNING,
+            ssh=SshEndpoint(host=self.config.ssh_host, port=self.config.ssh_port),
+        )
+
+
+def _matches(
+    rule: FaultRule, primitive: str, region: str, offer: str | None, vm: str | None
+) -> bool:
+    return (
+        rule.primitive == primitive
+        and rule.region in (None, region)
+        and rule.offer in (None, offer)
+        and (rule.vm is None or (vm or "").startswith(rule.vm))
+    )
+
+
+def _quote(amount: float | None) -> PriceQuote | None:
+    if amount is None:
+        return None
+    return PriceQuote(amount=amount, source=PRICE_SOURCE, observed_at=datetime.now(UTC))
+
+
+def _offer_order(offer: Offer) -> tuple[bool, float, str]:
+    return (offer.price is None, offer.price.amount if offer.price else 0.0, offer.id)

@@ -1,0 +1,188 @@
+"""The fake cloud's ledger: instances, side resources, fault counters and call counts.
+
+Kept in SQLite so it can live in a file that survives a worker restart and that a test (or the
+chaos harness) in another process can read: every instance ever created stays as a row, so
+"creates per VM identity" is a count, not a guess. In-memory (`:memory:`) by default.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS instances (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT UNIQUE NOT NULL,
+    vm TEXT NOT NULL,
+    region TEXT NOT NULL,
+    zone TEXT,
+    offer_id TEXT NOT NULL,
+    instance_type TEXT NOT NULL,
+    boot_mode TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    deleted_at REAL
+);
+CREATE INDEX IF NOT EXISTS instances_vm ON instances (vm, region);
+CREATE TABLE IF NOT EXISTS side_resources (
+    vm TEXT NOT NULL,
+    region TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    name TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    deleted_at REAL,
+    PRIMARY KEY (vm, region, kind)
+);
+CREATE TABLE IF NOT EXISTS fault_hits (
+    rule INTEGER PRIMARY KEY,
+    matched INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS calls (
+    primitive TEXT NOT NULL,
+    region TEXT NOT NULL,
+    n INTEGER NOT NULL,
+    PRIMARY KEY (primitive, region)
+);
+"""
+
+
+@dataclass(frozen=True)
+class InstanceRow:
+    id: str
+    vm: str
+    region: str
+    zone: str | None
+    offer_id: str
+    instance_type: str
+    boot_mode: str  # normal / failed / hang
+    created_at: float
+    deleted_at: float | None
+
+
+class FakeCloudState:
+    """Thread-safe enough for one event loop per process; SQLite locking handles processes."""
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path or ":memory:"
+        self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        self._db.execute("PRAGMA busy_timeout = 30000")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # ------------------------------------------------------------------ faults and calls
+
+    def count_call(self, primitive: str, region: str) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO calls VALUES (?, ?, 1) "
+                "ON CONFLICT (primitive, region) DO UPDATE SET n = n + 1",
+                (primitive, region),
+            )
+
+    def call_counts(self) -> dict[tuple[str, str], int]:
+        rows = self._db.execute("SELECT primitive, region, n FROM calls").fetchall()
+        return {(primitive, region): n for primitive, region, n in rows}
+
+    def hit_fault(self, rule: int, after: int, times: int | None) -> bool:
+        """Count one matching call for `rule`; True if this call is one the rule fires on."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO fault_hits VALUES (?, 1) "
+                "ON CONFLICT (rule) DO UPDATE SET matched = matched + 1",
+                (rule,),
+            )
+            (matched,) = db.execute(
+                "SELECT matched FROM fault_hits WHERE rule = ?", (rule,)
+            ).fetchone()
+        return matched > after and (times is None or matched <= after + times)
+
+    # ------------------------------------------------------------------ instances
+
+    def add_instance(
+        self,
+        *,
+        vm: str,
+        region: str,
+        zone: str | None,
+        offer_id: str,
+        instance_type: str,
+        boot_mode: str,
+    ) -> str:
+        with self._transaction() as db:
+            cursor = db.execute(
+                "INSERT INTO instances (id, vm, region, zone, offer_id, instance_type, "
+                "boot_mode, created_at) VALUES ('', ?, ?, ?, ?, ?, ?, ?)",
+                (vm, region, zone, offer_id, instance_type, boot_mode, time.time()),
+            )
+            instance_id = f"fake-i-{cursor.lastrowid:06d}"
+            db.execute("UPDATE instances SET id = ? WHERE seq = ?", (instance_id, cursor.lastrowid))
+        return instance_id
+
+    def instances(self, vm: str | None = None, region: str | None = None) -> list[InstanceRow]:
+        query = (
+            "SELECT id, vm, region, zone, offer_id, instance_type, boot_mode, created_at, "
+            "deleted_at FROM instances WHERE (? IS NULL OR vm = ?) AND (? IS NULL OR region = ?) "
+            "ORDER BY seq"
+        )
+        rows = self._db.execute(query, (vm, vm, region, region)).fetchall()
+        return [InstanceRow(*row) for row in rows]
+
+    def mark_deleted(self, vm: str, region: str, ids: list[str]) -> None:
+        with self._transaction() as db:
+            for instance_id in ids:
+                db.execute(
+                    "UPDATE instances SET deleted_at = ? "
+                    "WHERE id = ? AND vm = ? AND region = ? AND deleted_at IS NULL",
+                    (time.time(), instance_id, vm, region),
+                )
+
+    def creates_per_vm(self) -> dict[str, int]:
+        rows = self._db.execute("SELECT vm, COUNT(*) FROM instances GROUP BY vm").fetchall()
+        return dict(rows)
+
+    def live_instances(self, delete_delay: float) -> list[InstanceRow]:
+        """Instances not yet gone: never deleted, or deleted less than `delete_delay` ago."""
+        now = time.time()
+        return [
+            row
+            for row in self.instances()
+            if row.deleted_at is None or now - row.deleted_at < delete_delay
+        ]
+
+    # ------------------------------------------------------------------ side resources
+
+    def add_side_resource(self, vm: str, region: str, kind: str, name: str) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO side_resources VALUES (?, ?, ?, ?, ?, NULL) "
+                "ON CONFLICT (vm, region, kind) DO UPDATE SET deleted_at = NULL",
+                (vm, region, kind, name, time.time()),
+            )
+
+    def delete_side_resources(self, vm: str, region: str) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE side_resources SET deleted_at = ? "
+                "WHERE vm = ? AND region = ? AND deleted_at IS NULL",
+                (time.time(), vm, region),
+            )
+
+    def live_side_resources(self) -> list[tuple[str, str, str, str]]:
+        return self._db.execute(
+            "SELECT vm, region, kind, name FROM side_resources WHERE deleted_at IS NULL"
+        ).fetchall()

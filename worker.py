@@ -1,0 +1,44 @@
+"""The production worker: `python worker.py [--config gpuprov.toml]`.
+
+Reads settings (file + environment), connects to the Temporal cluster, and runs ProvisionJob
+and every cloud activity on the configured task queue until SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+
+from gpuprov.config import load_settings
+from gpuprov.engine import connect, running_worker
+
+
+async def serve(config_path: str | None) -> None:
+    settings = load_settings(config_path)
+    client = await connect(settings.temporal)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    async with running_worker(client, settings):
+        logging.info(
+            "worker on %s/%s, providers: %s",
+            settings.temporal.address,
+            settings.temporal.task_queue,
+            ", ".join(settings.providers.enabled_ids()) or "none",
+        )
+        await stop.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="gpuprov Temporal worker")
+    parser.add_argument("--config", help="path to gpuprov.toml (default: $GPUPROV_CONFIG)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    asyncio.run(serve(args.config))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,71 @@
+"""PlanOffers: what `gpuprov offers` shows, planned on the worker that holds the credentials.
+
+Uses the same plan activity, compatibility filter and ranking as ProvisionJob, so the list a
+user sees is the order a job would try.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from pydantic import Field
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from activities.cloud import CloudActivities, PlanInput
+    from activities.errors import StepFailure, unwrap
+    from providers.base import Model, Offer, ResourceRequest
+    from workflows import policy
+    from workflows.job import CLOUD_STEP, SHORT_STEP
+    from workflows.selection import rank_offers
+
+from temporalio.exceptions import ActivityError
+
+
+class OffersQuery(Model):
+    request: ResourceRequest
+    nodes: int = 1
+    max_hourly_cost: float | None = None
+
+
+class OffersResult(Model):
+    offers: list[Offer] = Field(default_factory=list)
+    rejected: list[str] = Field(default_factory=list)
+    errors: list[str] = Field(default_factory=list)  # "provider: kind at plan: message"
+
+
+@workflow.defn(name="PlanOffers")
+class PlanOffers:
+    @workflow.run
+    async def run(self, query: OffersQuery) -> OffersResult:
+        capabilities = await workflow.execute_activity_method(
+            CloudActivities.describe_providers,
+            start_to_close_timeout=SHORT_STEP,
+            retry_policy=policy.FORWARD_RETRY,
+        )
+        allowed = query.request.providers
+        providers = [p for p in sorted(capabilities) if allowed is None or p in allowed]
+        result = OffersResult()
+        plans = await asyncio.gather(
+            *(self._plan(PlanInput(provider=p, request=query.request), result) for p in providers)
+        )
+        offers = [offer for plan in plans for offer in plan]
+        ranked, rejected = rank_offers(offers, query.nodes, query.max_hourly_cost)
+        result.offers = ranked
+        result.rejected += rejected
+        return result
+
+    async def _plan(self, request: PlanInput, result: OffersResult) -> list[Offer]:
+        try:
+            plan = await workflow.execute_activity_method(
+                CloudActivities.plan,
+                request,
+                start_to_close_timeout=CLOUD_STEP,
+                retry_policy=policy.FORWARD_RETRY,
+            )
+        except ActivityError as error:
+            failure: StepFailure = unwrap("plan", error)
+            result.errors.append(f"{request.provider}: {failure}")
+            return []
+        result.rejected += plan.rejected
+        return plan.offers
