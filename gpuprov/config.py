@@ -73,7 +73,7 @@ class FakeInstanceType(Model):
 
 
 FakePrimitive = Literal["plan", "prepare", "create", "observe", "delete", "cleanup"]
-FaultEffect = Literal["error", "lost_response", "boot_failed", "boot_hang"]
+FaultEffect = Literal["error", "lost_response", "boot_failed", "boot_hang", "delay"]
 
 
 class FaultRule(Model):
@@ -87,6 +87,7 @@ class FaultRule(Model):
       (Transient by default) as if the response were lost.
     - boot_failed (create): the instance is created and boots into Failed.
     - boot_hang (create): the instance is created and never leaves Pending.
+    - delay: the call sleeps `delay_seconds`, then proceeds normally (a slow API).
     """
 
     primitive: FakePrimitive
@@ -98,6 +99,7 @@ class FaultRule(Model):
     vm: str | None = None  # prefix of the VM name
     after: int = Field(default=0, ge=0)
     times: int | None = Field(default=None, ge=1)
+    delay_seconds: float = Field(default=0.0, ge=0)
 
 
 class FakeProviderConfig(ProviderSettings):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -248,13 +249,15 @@ class ProvisionJob:
         self._stack.push(
             Compensation(
                 name=f"cleanup {spec.vm}",
-                run=lambda: self._step(
-                    "cleanup",
-                    CloudActivities.cleanup,
-                    VmInput(location=location, vm=spec.vm),
-                    start_to_close_timeout=CLOUD_STEP,
-                    retry_policy=policy.TEARDOWN_RETRY,
-                    summary=f"cleanup {spec.vm}",
+                run=lambda: self._in_rounds(
+                    lambda: self._step(
+                        "cleanup",
+                        CloudActivities.cleanup,
+                        VmInput(location=location, vm=spec.vm),
+                        start_to_close_timeout=CLOUD_STEP,
+                        retry_policy=policy.TEARDOWN_RETRY,
+                        summary=f"cleanup {spec.vm}",
+                    )
                 ),
             )
         )
@@ -305,11 +308,24 @@ class ProvisionJob:
         location = node.location
         hints = self._capabilities[node.provider]
         try:
-            await self._delete_and_confirm(node, location, hints)
+            await self._in_rounds(lambda: self._delete_and_confirm(node, location, hints))
         except StepFailure:
             node.status = "leaked"
             raise
         node.status = "terminated"
+
+    async def _in_rounds(self, step: Callable[[], Awaitable[Any]]) -> None:
+        """Run a teardown step; repeat it per policy when it fails for good."""
+        rounds = 0
+        while True:
+            rounds += 1
+            try:
+                await step()
+                return
+            except StepFailure as failure:
+                if not policy.retry_teardown(failure.kind, rounds):
+                    raise
+            await workflow.sleep(policy.TEARDOWN_PAUSE * rounds)
 
     async def _delete_and_confirm(
         self, node: NodeInstance, location: Location, hints: Capabilities

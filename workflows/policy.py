@@ -49,6 +49,17 @@ def action_for(kind: ErrorKind) -> Action:
     return POLICY[kind]
 
 
+# A teardown step that failed for good is tried again this many rounds in all (pausing
+# TEARDOWN_PAUSE x round between them) unless its kind aborts; then it is a possible orphan.
+TEARDOWN_ROUNDS = 3
+TEARDOWN_PAUSE = timedelta(seconds=2)
+
+
+def retry_teardown(kind: ErrorKind, rounds_done: int) -> bool:
+    """Whether a failed teardown step deserves another round."""
+    return not action_for(kind).abort and rounds_done < TEARDOWN_ROUNDS
+
+
 # Forward steps: Transient errors retry with backoff; every other kind is non_retryable at the
 # source (activities/errors.py), so these numbers only ever apply to Transient failures and to
 # unclassified exceptions (bugs), which after retries count as Failed.

@@ -142,6 +142,9 @@ class FakeCloud(CloudProvider):
                 continue
             if not self.state.hit_fault(index, rule.after, rule.times):
                 continue
+            if rule.effect == "delay":
+                await asyncio.sleep(rule.delay_seconds)
+                continue
             if raise_error and rule.effect == "error":
                 raise ProviderError(rule.kind, rule.message)
             return rule

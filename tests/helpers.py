@@ -1,0 +1,88 @@
+"""Test helpers: a fast fake cloud, a worker on a per-test task queue, job waits."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from temporalio.client import Client
+
+from gpuprov.client import GpuprovClient, JobHandle
+from gpuprov.config import FakeInstanceType, FakeProviderConfig, FakeRegion, FaultRule
+from gpuprov.engine import build_worker
+from gpuprov.models import JobSpec, JobState, JobStatus
+from providers.fake import FakeCloud
+
+# Two regions; r1 has two zones at the same price, r2 is dearer. Offers, in the order a job
+# tries them: fake/r1-a/gpu8 (10), fake/r1-b/gpu8 (10), fake/r2-a/gpu8 (12).
+OFFER_A = "fake/r1-a/gpu8"
+OFFER_B = "fake/r1-b/gpu8"
+OFFER_C = "fake/r2-a/gpu8"
+
+
+def fast_cloud(faults: list[FaultRule] | None = None, **overrides: Any) -> FakeProviderConfig:
+    gpu8 = dict(name="gpu8", gpu="H100", gpu_count=8, vcpus=64, memory_gb=512, disk_gb=1000)
+    settings: dict[str, Any] = dict(
+        regions=[
+            FakeRegion(name="r1", zones=["r1-a", "r1-b"]),
+            FakeRegion(name="r2", zones=["r2-a"]),
+        ],
+        instance_types=[
+            FakeInstanceType(price=10.0, regions=["r1"], **gpu8),
+            FakeInstanceType(price=12.0, regions=["r2"], **gpu8),
+        ],
+        boot_delay_seconds=0.2,
+        delete_delay_seconds=0.1,
+        poll_interval=0.05,
+        boot_timeout=10,
+        delete_timeout=10,
+        faults=faults or [],
+    )
+    settings.update(overrides)
+    return FakeProviderConfig(**settings)
+
+
+def job(name: str, nodes: int = 1, **overrides: Any) -> JobSpec:
+    data: dict[str, Any] = {
+        "name": name,
+        "nodes": nodes,
+        "resources": {"gpu": "H100", "gpus_per_node": 8},
+        "provisioning_timeout_seconds": 120,
+    }
+    data.update(overrides)
+    return JobSpec.model_validate(data)
+
+
+@asynccontextmanager
+async def fake_worker(
+    client: Client, task_queue: str, config: FakeProviderConfig
+) -> AsyncIterator[tuple[GpuprovClient, FakeCloud]]:
+    cloud = FakeCloud(config)
+    async with build_worker(client, task_queue, {"fake": cloud}):
+        yield GpuprovClient(client, task_queue), cloud
+    await cloud.aclose()
+
+
+async def until(handle: JobHandle, predicate: Any, timeout: float = 60) -> JobStatus:
+    return await handle.wait_for(predicate, timeout=timeout, poll_interval=0.1)
+
+
+async def ready_then_release(handle: JobHandle, timeout: float = 60) -> tuple[JobStatus, JobStatus]:
+    """Wait for ready (or an end), release if ready, and return (at ready, final)."""
+    at_ready = await until(handle, lambda s: s.state is JobState.READY, timeout)
+    if at_ready.state is JobState.READY:
+        await handle.release()
+    final = await asyncio.wait_for(handle.result(), timeout)
+    return at_ready, final
+
+
+def assert_nothing_left(cloud: FakeCloud) -> None:
+    assert cloud.live_instances() == [], "instances left running"
+    assert cloud.state.live_side_resources() == [], "side resources left behind"
+
+
+def assert_one_create_per_vm(cloud: FakeCloud) -> None:
+    creates = cloud.state.creates_per_vm()
+    assert all(count == 1 for count in creates.values()), creates
