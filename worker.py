@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 
 from gpuprov.config import load_settings
@@ -38,6 +39,10 @@ def main() -> None:
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     asyncio.run(serve(args.config))
+    logging.shutdown()
+    # Skip finalization: the Temporal client's Rust threads can crash it
+    # (temporalio/sdk-python#300); the worker has already shut down cleanly.
+    os._exit(0)
 
 
 if __name__ == "__main__":

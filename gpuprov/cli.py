@@ -13,9 +13,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from typing import NoReturn
 
 from gpuprov import demo as demo_module
 from gpuprov.client import GpuprovClient, GpuprovError
@@ -169,5 +171,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def entry() -> NoReturn:
+    """Console-script entry: run, flush, and skip interpreter finalization.
+
+    The Temporal client's Rust threads can outlive the event loop and crash CPython's
+    finalization ("PyGILState_Release ... must be current", temporalio/sdk-python#300), which
+    turned a successful command into exit -11 now and then. Nothing is left to clean up here.
+    """
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -1,8 +1,9 @@
 """`gpuprov demo`: the README's first command, the whole story on the fake cloud.
 
 A Temporal dev server (with UI) and a worker start; a 2-node H100 job is submitted; the
-cheapest offer answers with a capacity stockout; the job tears that attempt down, blocks the
-offer, fails over, reaches `ready`; the demo releases it, waits until every instance is
+cheapest offer has room for one node and answers the second create with a capacity stockout;
+the job tears that attempt down (the one instance that landed included), blocks the offer,
+fails over, reaches `ready`; the demo releases it, waits until every instance is
 confirmed gone, prints the final status and the UI link, and shuts everything down.
 """
 
@@ -57,15 +58,18 @@ def demo_cloud(state_path: str | None = None) -> FakeProviderConfig:
             ),
         ],
         boot_delay_seconds=3.0,
-        delete_delay_seconds=1.0,
+        delete_delay_seconds=2.0,
         poll_interval=0.5,
         boot_timeout=60,
         delete_timeout=30,
         state_path=state_path,
+        # us-east-1a has room for one of the two nodes: the first create lands, the second
+        # hits the stockout, so the attempt's one instance must be torn down before failover.
         faults=[
             FaultRule(
                 primitive="create",
                 offer="fake/us-east-1a/h100x8",
+                after=1,
                 kind=ErrorKind.CAPACITY,
                 message=STOCKOUT,
             )

@@ -20,9 +20,9 @@ from tests.helpers import (
     OFFER_C,
     assert_nothing_left,
     assert_one_create_per_vm,
+    fake_worker,
     fast_cloud,
     job,
-    fake_worker,
     ready_then_release,
 )
 
@@ -75,7 +75,9 @@ def _fault(primitive: str, kind: ErrorKind, name: str) -> FaultRule:
         )
     if primitive in ("prepare", "create"):
         times = 1 if kind is K.TRANSIENT else None
-        return FaultRule(primitive=primitive, kind=kind, message=message, offer=OFFER_A, times=times)
+        return FaultRule(
+            primitive=primitive, kind=kind, message=message, offer=OFFER_A, times=times
+        )
     # observe / delete / cleanup take a VM, not an offer: target attempt 1, first call only.
     return FaultRule(primitive=primitive, kind=kind, message=message, vm=f"{name}-a1-", times=1)
 

@@ -1,0 +1,110 @@
+"""The `gpuprov` CLI as a user runs it: a subprocess against the suite's real dev server."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuprov.models import JobState, JobStatus
+from tests.helpers import fake_worker, fast_cloud
+
+GPUPROV = str(Path(sys.executable).parent / "gpuprov")
+
+
+async def gpuprov(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+    process = await asyncio.create_subprocess_exec(
+        GPUPROV,
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, **(env or {})},
+    )
+    stdout, stderr = await asyncio.wait_for(process.communicate(), 120)
+    assert process.returncode is not None
+    return process.returncode, stdout.decode(), stderr.decode()
+
+
+BAD_SPECS = {
+    "nodes-zero.yaml": ("name: x\nnodes: 0\n", "nodes: Input should be greater than or equal to 1"),
+    "unknown-provider.yaml": (
+        "name: x\nplacement:\n  providers: [nocloud]\n",
+        "placement.providers: Value error, unknown provider 'nocloud'",
+    ),
+    "negative-cap.toml": (
+        'name = "x"\nmax_hourly_cost = -1.0\n',
+        "max_hourly_cost: Input should be",
+    ),
+    "unknown-field.yaml": ("name: x\nresources:\n  gpuz: H100\n", "resources.gpuz: Extra inputs"),
+    "malformed.yaml": ("name: [x\n", "malformed job spec"),
+    "malformed.toml": ("name = \n", "malformed job spec"),
+    "not-a-mapping.yaml": ("- a\n- b\n", "a job spec must be a mapping"),
+}
+
+
+@pytest.mark.parametrize("filename", sorted(BAD_SPECS))
+async def test_submit_rejects_bad_spec_naming_the_field(tmp_path, filename):
+    text, expected = BAD_SPECS[filename]
+    spec = tmp_path / filename
+    spec.write_text(text)
+    # An unreachable address proves the spec is refused before anything is contacted.
+    code, out, err = await gpuprov("--address", "127.0.0.1:1", "submit", str(spec))
+    assert code == 2, (out, err)
+    assert expected in err
+    assert "Traceback" not in err
+
+
+async def test_submit_of_a_missing_file_says_so(tmp_path):
+    code, _, err = await gpuprov("submit", str(tmp_path / "nope.yaml"))
+    assert code == 2
+    assert "cannot read job spec" in err
+
+
+async def test_cli_submit_wait_status_list_offers_release(client, task_queue, job_name, tmp_path):
+    address = client.service_client.config.target_host
+    env = {"GPUPROV_TEMPORAL__TASK_QUEUE": task_queue, "GPUPROV_TEMPORAL__ADDRESS": address}
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        f"name: {job_name}\nnodes: 1\nresources:\n  gpu: h100\n  gpus_per_node: 8\n"
+        "placement:\n  providers: [fake]\n"
+    )
+    async with fake_worker(client, task_queue, fast_cloud()):
+        code, out, err = await gpuprov("submit", str(spec), "--wait", env=env)
+        assert code == 0, err
+        assert f"submitted job-{job_name}" in out
+        assert f"job {job_name}: ready" in out
+
+        code, out, _ = await gpuprov("status", job_name, env=env)
+        assert code == 0 and "#1 fake/r1-a/gpu8 (fake/r1): succeeded" in out
+
+        code, out, _ = await gpuprov("list", "--state", "ready", env=env)
+        assert code == 0 and job_name in out
+
+        code, out, _ = await gpuprov("offers", "--gpu", "H100", "--gpus-per-node", "8", env=env)
+        assert code == 0
+        lines = out.splitlines()
+        assert [line.split()[0] for line in lines[1:]] == [
+            "fake/r1-a/gpu8",
+            "fake/r1-b/gpu8",
+            "fake/r2-a/gpu8",
+        ]
+        assert "10.00 USD/hour (simulated)" in lines[1]
+
+        code, out, _ = await gpuprov("release", job_name, env=env)
+        assert code == 0
+        handle = client.get_workflow_handle(f"job-{job_name}", result_type=JobStatus)
+        final = await handle.result()
+        assert final.state is JobState.COMPLETED
+
+        code, out, _ = await gpuprov("status", job_name, "--json", env=env)
+        assert code == 0 and '"state": "completed"' in out
+
+
+async def test_status_of_unknown_job_is_a_clear_error(client, task_queue):
+    env = {"GPUPROV_TEMPORAL__ADDRESS": client.service_client.config.target_host}
+    code, _, err = await gpuprov("status", "no-such-job", env=env)
+    assert code == 2
+    assert "no job named 'no-such-job'" in err

@@ -1,0 +1,43 @@
+"""`gpuprov demo`, the README's first command, end to end: the story, then nothing left."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+GPUPROV = str(Path(sys.executable).parent / "gpuprov")
+
+
+async def test_demo_fails_over_reaches_ready_releases_and_leaves_no_process():
+    process = await asyncio.create_subprocess_exec(
+        GPUPROV,
+        "demo",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        start_new_session=True,
+    )
+    stdout, _ = await asyncio.wait_for(process.communicate(), 180)
+    out = stdout.decode()
+    assert process.returncode == 0, out
+
+    assert "Capacity at create: InsufficientInstanceCapacity" in out
+    assert "[provisioning] - waiting for teardown of attempt #1" in out
+    assert "[ready]" in out and "[releasing]" in out
+    assert "job demo-train: completed" in out
+    assert "#2 fake/us-east-1b/h100x8 (fake/us-east-1): succeeded" in out
+    assert "offer fake/us-east-1a/h100x8: Capacity" in out
+    assert "0 live instance(s), 0 side resource(s)" in out
+    # attempt 1 landed one of its two nodes before the stockout; each VM was created once.
+    assert "demo-train-a1-n0=1, demo-train-a2-n0=1, demo-train-a2-n1=1" in out
+    assert "attempt 1 node 0 demo-train-a1-n0 [fake/us-east-1] fake-i-000001: terminated" in out
+    assert "Temporal UI for this job: http://127.0.0.1:" in out
+    assert "/namespaces/default/workflows/job-demo-train" in out
+
+    # Nothing the demo started (dev server, UI) outlives it.
+    try:
+        os.killpg(process.pid, 0)
+    except ProcessLookupError:
+        return
+    raise AssertionError("a process from the demo's session is still running")
