@@ -3,7 +3,8 @@
 Sections: `[temporal]`, `[database]`, `[api]`, `[providers.<id>]`. Any setting can be overridden
 by an environment variable named after its path with double underscores, e.g.
 `GPUPROV_TEMPORAL__ADDRESS=temporal:7233` or `GPUPROV_PROVIDERS__FAKE__BOOT_DELAY_SECONDS=5`.
-Values are read as TOML literals where they parse (numbers, booleans, arrays), else as strings.
+Arrays and inline tables are read as TOML literals; every other value is text that the setting's
+type converts (numbers, booleans), so a numeric-looking string setting stays a string.
 """
 
 from __future__ import annotations
@@ -153,10 +154,13 @@ class Settings(Model):
 
 
 def _parse_env_value(raw: str) -> Any:
+    """Arrays and inline tables are read as TOML; scalars stay text for pydantic to coerce,
+    so `GPUPROV_TEMPORAL__NAMESPACE=2024` stays the string "2024"."""
     try:
-        return tomllib.loads(f"v = {raw}")["v"]
+        value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         return raw
+    return value if isinstance(value, list | dict) else raw
 
 
 def _apply_env(data: dict[str, Any], env: Mapping[str, str]) -> None:
@@ -183,6 +187,8 @@ def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
             data = tomllib.loads(Path(path).read_text())
         except OSError as error:
             raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
+        except UnicodeDecodeError as error:
+            raise ConfigError(f"config {path} is not UTF-8 text: {error.reason}") from None
         except tomllib.TOMLDecodeError as error:
             raise ConfigError(f"malformed config {path}: {error}") from None
     _apply_env(data, env)

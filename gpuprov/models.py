@@ -122,6 +122,8 @@ def load_job_spec(path: str | Path) -> JobSpec:
         text = path.read_text()
     except OSError as error:
         raise JobSpecError(f"cannot read job spec {path}: {error.strerror}") from None
+    except UnicodeDecodeError as error:
+        raise JobSpecError(f"job spec {path} is not UTF-8 text: {error.reason}") from None
     try:
         if path.suffix == ".toml":
             data = tomllib.loads(text)

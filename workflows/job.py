@@ -382,9 +382,10 @@ class ProvisionJob:
         )
 
     def _set_state(self, state: JobState, waiting_for: str | None = None) -> None:
+        if state is not self._status.state:  # each upsert is a history event
+            workflow.upsert_search_attributes([search_attributes.STATE.value_set(state.value)])
         self._status.state = state
         self._status.waiting_for = waiting_for
-        workflow.upsert_search_attributes([search_attributes.STATE.value_set(state.value)])
         self._publish_details()
 
     def _waiting(self, waiting_for: str) -> None:

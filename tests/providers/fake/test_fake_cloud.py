@@ -1,0 +1,442 @@
+"""FakeCloud: its catalogue, the instance lifecycle, fault rules, and the shared state file."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuprov.config import FakeInstanceType, FakeProviderConfig, FakeRegion, FaultRule
+from providers.base import InstanceSpec, InstanceStatus, Location, Offer, ResourceRequest
+from providers.errors import ErrorKind, ProviderError
+from providers.fake import FakeCloud
+
+BOOT = 0.15  # generous: Pending must still hold on a loaded machine
+DELETE = 0.15
+VM = "job-a1-n0"
+R1 = Location(provider="fake", region="r1", zone="r1-a")
+R2 = Location(provider="fake", region="r2", zone="r2-a")
+
+
+def config(faults: list[FaultRule] | None = None, **overrides: Any) -> FakeProviderConfig:
+    settings: dict[str, Any] = dict(
+        regions=[
+            FakeRegion(name="r1", zones=["r1-a", "r1-b"]),
+            FakeRegion(name="r2", zones=["r2-a"]),
+            FakeRegion(name="r3"),
+        ],
+        instance_types=[
+            FakeInstanceType(name="gpu8", gpu="H100", gpu_count=8, price=10.0, spot_price=4.0),
+            FakeInstanceType(name="gpu1", gpu="A10", gpu_count=1, price=1.5, regions=["r1"]),
+            FakeInstanceType(name="mystery", gpu="L4", gpu_count=1, regions=["r2"]),
+        ],
+        boot_delay_seconds=BOOT,
+        delete_delay_seconds=DELETE,
+        faults=faults or [],
+    )
+    settings.update(overrides)
+    return FakeProviderConfig(**settings)
+
+
+def spec(vm: str = VM) -> InstanceSpec:
+    return InstanceSpec(vm=vm, job="job", node_index=0, attempt=1)
+
+
+async def offer_by_id(cloud: FakeCloud, offer_id: str) -> Offer:
+    return next(o for o in await cloud.plan(ResourceRequest()) if o.id == offer_id)
+
+
+async def launch(cloud: FakeCloud, offer_id: str = "fake/r1-a/gpu8", vm: str = VM) -> list[str]:
+    offer = await offer_by_id(cloud, offer_id)
+    return await cloud.create(offer, await cloud.prepare(offer, spec(vm)), spec(vm))
+
+
+# ---------------------------------------------------------------- plan
+
+
+# Every offer of config(), cheapest first: gpu1 1.5, gpu8 spot 4, gpu8 10, mystery unpriced.
+PLAN_ORDER = [
+    *("fake/r1-a/gpu1", "fake/r1-b/gpu1"),
+    *("fake/r1-a/gpu8/spot", "fake/r1-b/gpu8/spot", "fake/r2-a/gpu8/spot", "fake/r3/gpu8/spot"),
+    *("fake/r1-a/gpu8", "fake/r1-b/gpu8", "fake/r2-a/gpu8", "fake/r3/gpu8"),
+    "fake/r2-a/mystery",
+]
+
+
+async def test_plan_makes_one_offer_per_region_zone_and_type_plus_spot() -> None:
+    offers = await FakeCloud(config()).plan(ResourceRequest())
+    assert len(offers) == len(PLAN_ORDER)
+    assert {o.id for o in offers} == set(PLAN_ORDER)
+
+
+async def test_offer_carries_the_catalogue_and_what_create_needs() -> None:
+    cloud = FakeCloud(config())
+    offer = await offer_by_id(cloud, "fake/r1-b/gpu8")
+    assert (offer.provider, offer.region, offer.zone) == ("fake", "r1", "r1-b")
+    assert (offer.instance_type, offer.gpu_name, offer.gpu_count) == ("gpu8", "H100", 8)
+    assert offer.spot is False
+    assert offer.detail == {"instance_type": "gpu8"}
+
+
+async def test_region_without_zones_gets_a_zoneless_offer() -> None:
+    offer = await offer_by_id(FakeCloud(config()), "fake/r3/gpu8")
+    assert offer.region == "r3" and offer.zone is None
+
+
+async def test_spot_offer_is_made_when_a_spot_price_is_set() -> None:
+    offer = await offer_by_id(FakeCloud(config()), "fake/r1-a/gpu8/spot")
+    assert offer.spot is True
+    assert offer.price is not None and offer.price.amount == 4.0
+    assert offer.detail == {"instance_type": "gpu8", "spot": True}
+
+
+async def test_no_spot_offer_without_a_spot_price() -> None:
+    offers = await FakeCloud(config()).plan(ResourceRequest())
+    assert not any(o.spot for o in offers if o.instance_type == "gpu1")
+
+
+async def test_price_is_a_simulated_usd_hourly_quote() -> None:
+    offer = await offer_by_id(FakeCloud(config()), "fake/r1-a/gpu8")
+    assert offer.price is not None
+    assert offer.price.amount == 10.0
+    assert (offer.price.currency, offer.price.unit, offer.price.source) == (
+        "USD",
+        "hour",
+        "simulated",
+    )
+    assert offer.price.observed_at.tzinfo is not None
+
+
+async def test_price_is_none_when_the_catalogue_has_none() -> None:
+    offer = await offer_by_id(FakeCloud(config()), "fake/r2-a/mystery")
+    assert offer.price is None
+
+
+async def test_plan_sorts_cheapest_first_ties_by_id_unpriced_last() -> None:
+    offers = await FakeCloud(config()).plan(ResourceRequest())
+    assert [o.id for o in offers] == PLAN_ORDER
+
+
+async def test_plan_creates_nothing() -> None:
+    cloud = FakeCloud(config())
+    await cloud.plan(ResourceRequest())
+    assert cloud.state.instances() == [] and cloud.state.live_side_resources() == []
+
+
+# ---------------------------------------------------------------- prepare / create / observe
+
+
+async def test_prepare_is_idempotent_one_side_resource() -> None:
+    cloud = FakeCloud(config())
+    offer = await offer_by_id(cloud, "fake/r1-a/gpu8")
+    first = await cloud.prepare(offer, spec())
+    second = await cloud.prepare(offer, spec())
+    assert first == second == {"firewall": f"gpuprov-{VM}-fw"}
+    assert cloud.state.live_side_resources() == [(VM, "r1", "firewall", f"gpuprov-{VM}-fw")]
+
+
+async def test_prepare_rejects_an_offer_this_cloud_never_made() -> None:
+    cloud = FakeCloud(config())
+    stranger = (await offer_by_id(cloud, "fake/r1-a/gpu8")).model_copy(
+        update={"detail": {"instance_type": "nope"}}
+    )
+    with pytest.raises(ProviderError) as caught:
+        await cloud.prepare(stranger, spec())
+    assert caught.value.kind is ErrorKind.INVALID_REQUEST
+
+
+async def test_create_returns_one_id_and_records_the_instance() -> None:
+    cloud = FakeCloud(config())
+    ids = await launch(cloud)
+    assert len(ids) == 1 and ids[0].startswith("fake-i-")
+    (row,) = cloud.state.instances()
+    assert (row.id, row.vm, row.region, row.zone) == (ids[0], VM, "r1", "r1-a")
+    assert (row.offer_id, row.instance_type, row.boot_mode) == ("fake/r1-a/gpu8", "gpu8", "normal")
+
+
+async def test_instance_is_pending_then_running_with_ssh_after_boot_delay() -> None:
+    cloud = FakeCloud(config(ssh_host="10.0.0.9", ssh_port=2222))
+    ids = await launch(cloud)
+    (pending,) = await cloud.observe(R1, VM)
+    assert (pending.id, pending.status, pending.ssh) == (ids[0], InstanceStatus.PENDING, None)
+    await asyncio.sleep(BOOT * 2)
+    (running,) = await cloud.observe(R1, VM)
+    assert running.status is InstanceStatus.RUNNING
+    assert running.ssh is not None and (running.ssh.host, running.ssh.port) == ("10.0.0.9", 2222)
+
+
+async def test_observe_only_sees_the_vm_in_that_region() -> None:
+    cloud = FakeCloud(config())
+    await launch(cloud)
+    await launch(cloud, vm="other-vm")
+    await launch(cloud, "fake/r2-a/gpu8")
+    assert len(await cloud.observe(R1, VM)) == 1
+    assert len(await cloud.observe(R2, VM)) == 1
+    assert await cloud.observe(R1, "nobody") == []
+
+
+async def test_delete_makes_it_stopping_then_gone_after_delete_delay() -> None:
+    cloud = FakeCloud(config())
+    ids = await launch(cloud)
+    await asyncio.sleep(BOOT * 2)
+    await cloud.delete(R1, VM, ids)
+    (stopping,) = await cloud.observe(R1, VM)
+    assert stopping.status is InstanceStatus.STOPPING
+    assert len(cloud.live_instances()) == 1
+    await asyncio.sleep(DELETE * 2)
+    assert await cloud.observe(R1, VM) == []
+    assert cloud.live_instances() == []
+
+
+async def test_deleting_twice_does_not_restart_the_stopping_clock() -> None:
+    cloud = FakeCloud(config())
+    ids = await launch(cloud)
+    await cloud.delete(R1, VM, ids)
+    first = cloud.state.instances()[0].deleted_at
+    await asyncio.sleep(0.01)
+    await cloud.delete(R1, VM, ids)
+    assert cloud.state.instances()[0].deleted_at == first
+
+
+async def test_delete_of_unknown_ids_is_success() -> None:
+    cloud = FakeCloud(config())
+    ids = await launch(cloud)
+    await cloud.delete(R1, VM, ["fake-i-999999"])
+    await cloud.delete(R1, "never-created", ["fake-i-000001"])
+    await cloud.delete(R2, VM, ids)  # right id, wrong region: not ours to delete
+    assert [o.id for o in await cloud.observe(R1, VM)] == ids
+    assert cloud.state.instances()[0].deleted_at is None
+
+
+async def test_cleanup_removes_side_resources_of_that_vm_and_region_only() -> None:
+    cloud = FakeCloud(config())
+    await launch(cloud)
+    await launch(cloud, vm="other-vm")
+    await launch(cloud, "fake/r2-a/gpu8")
+    await cloud.cleanup(R1, VM)
+    assert sorted(cloud.state.live_side_resources()) == [
+        (VM, "r2", "firewall", f"gpuprov-{VM}-fw"),
+        ("other-vm", "r1", "firewall", "gpuprov-other-vm-fw"),
+    ]
+    await cloud.cleanup(R1, VM)  # idempotent
+
+
+async def test_capabilities_carry_the_configured_timing_hints() -> None:
+    hints = FakeCloud(config(boot_timeout=7, delete_timeout=3, poll_interval=0.2)).capabilities()
+    assert (hints.boot_timeout, hints.delete_timeout, hints.poll_interval) == (7, 3, 0.2)
+
+
+# ---------------------------------------------------------------- fault rules
+
+
+async def test_error_fault_raises_its_kind_and_message_and_creates_nothing() -> None:
+    rule = FaultRule(primitive="create", kind=ErrorKind.CAPACITY, message="sold out")
+    cloud = FakeCloud(config([rule]))
+    with pytest.raises(ProviderError) as caught:
+        await launch(cloud)
+    assert (caught.value.kind, caught.value.message) == (ErrorKind.CAPACITY, "sold out")
+    assert cloud.state.instances() == []
+
+
+@pytest.mark.parametrize("primitive", ["plan", "prepare", "observe", "delete", "cleanup"])
+async def test_error_fault_fires_on_each_primitive(primitive: str) -> None:
+    cloud = FakeCloud(config([FaultRule(primitive=primitive, kind=ErrorKind.QUOTA, times=1)]))
+    offer = None if primitive == "plan" else await offer_by_id(cloud, "fake/r1-a/gpu8")
+    calls = {
+        "plan": lambda: cloud.plan(ResourceRequest()),
+        "prepare": lambda: cloud.prepare(offer, spec()),
+        "observe": lambda: cloud.observe(R1, VM),
+        "delete": lambda: cloud.delete(R1, VM, []),
+        "cleanup": lambda: cloud.cleanup(R1, VM),
+    }
+    with pytest.raises(ProviderError) as caught:
+        await calls[primitive]()
+    assert caught.value.kind is ErrorKind.QUOTA
+    await calls[primitive]()  # times=1: the next call goes through
+
+
+async def test_fault_skips_after_calls_then_fires_times_calls() -> None:
+    cloud = FakeCloud(config([FaultRule(primitive="observe", after=2, times=2)]))
+    outcomes = []
+    for _ in range(6):
+        try:
+            await cloud.observe(R1, VM)
+            outcomes.append("ok")
+        except ProviderError as error:
+            outcomes.append(error.kind.value)
+    assert outcomes == ["ok", "ok", "Transient", "Transient", "ok", "ok"]
+
+
+async def test_fault_without_times_fires_on_every_call() -> None:
+    cloud = FakeCloud(config([FaultRule(primitive="observe", after=1)]))
+    await cloud.observe(R1, VM)
+    for _ in range(3):
+        with pytest.raises(ProviderError):
+            await cloud.observe(R1, VM)
+
+
+async def test_region_filter_narrows_the_fault() -> None:
+    cloud = FakeCloud(config([FaultRule(primitive="observe", region="r2")]))
+    await cloud.observe(R1, VM)
+    with pytest.raises(ProviderError):
+        await cloud.observe(R2, VM)
+
+
+async def test_offer_filter_narrows_the_fault() -> None:
+    rule = FaultRule(primitive="create", offer="fake/r1-a/gpu8", kind=ErrorKind.CAPACITY)
+    cloud = FakeCloud(config([rule]))
+    with pytest.raises(ProviderError):
+        await launch(cloud, "fake/r1-a/gpu8")
+    assert len(await launch(cloud, "fake/r1-b/gpu8")) == 1
+
+
+async def test_vm_filter_matches_by_prefix() -> None:
+    cloud = FakeCloud(config([FaultRule(primitive="create", vm="job-a1")]))
+    with pytest.raises(ProviderError):
+        await launch(cloud, vm="job-a1-n3")
+    assert len(await launch(cloud, vm="job-a2-n0")) == 1
+
+
+async def test_non_matching_calls_do_not_use_up_the_rule() -> None:
+    cloud = FakeCloud(config([FaultRule(primitive="observe", region="r2", times=1)]))
+    for _ in range(3):
+        await cloud.observe(R1, VM)
+    with pytest.raises(ProviderError):
+        await cloud.observe(R2, VM)
+    await cloud.observe(R2, VM)
+
+
+async def test_lost_response_creates_then_raises() -> None:
+    cloud = FakeCloud(config([FaultRule(primitive="create", effect="lost_response", times=1)]))
+    with pytest.raises(ProviderError) as caught:
+        await launch(cloud)
+    assert caught.value.kind is ErrorKind.TRANSIENT
+    (observed,) = await cloud.observe(R1, VM)
+    assert observed.status is InstanceStatus.PENDING
+    assert cloud.state.creates_per_vm() == {VM: 1}
+
+
+async def test_boot_failed_reports_failed_after_boot_delay() -> None:
+    cloud = FakeCloud(config([FaultRule(primitive="create", effect="boot_failed")]))
+    ids = await launch(cloud)
+    assert (await cloud.observe(R1, VM))[0].status is InstanceStatus.PENDING
+    await asyncio.sleep(BOOT * 2)
+    (failed,) = await cloud.observe(R1, VM)
+    assert (failed.id, failed.status, failed.ssh) == (ids[0], InstanceStatus.FAILED, None)
+    assert failed.message == "instance failed to boot"
+
+
+async def test_boot_hang_stays_pending() -> None:
+    cloud = FakeCloud(config([FaultRule(primitive="create", effect="boot_hang")]))
+    await launch(cloud)
+    await asyncio.sleep(BOOT * 3)
+    (hung,) = await cloud.observe(R1, VM)
+    assert hung.status is InstanceStatus.PENDING
+
+
+async def test_delay_fault_slows_the_call_then_proceeds() -> None:
+    rule = FaultRule(primitive="observe", effect="delay", delay_seconds=0.3, times=1)
+    cloud = FakeCloud(config([rule]))
+    started = time.monotonic()
+    assert await cloud.observe(R1, VM) == []
+    assert time.monotonic() - started >= 0.3
+    started = time.monotonic()
+    await cloud.observe(R1, VM)
+    assert time.monotonic() - started < 0.3
+
+
+async def test_delay_fault_does_not_hide_a_later_error_rule() -> None:
+    rules = [
+        FaultRule(primitive="create", effect="delay", delay_seconds=0.01),
+        FaultRule(primitive="create", kind=ErrorKind.QUOTA),
+    ]
+    with pytest.raises(ProviderError) as caught:
+        await launch(FakeCloud(config(rules)))
+    assert caught.value.kind is ErrorKind.QUOTA
+
+
+# ---------------------------------------------------------------- state, counts, restarts
+
+
+async def test_call_counts_are_per_primitive_and_region() -> None:
+    cloud = FakeCloud(config())
+    await launch(cloud)  # plan, prepare, create
+    await cloud.observe(R1, VM)
+    await cloud.observe(R1, VM)
+    await cloud.observe(R2, VM)
+    assert cloud.state.call_counts() == {
+        ("plan", "*"): 1,
+        ("prepare", "r1"): 1,
+        ("create", "r1"): 1,
+        ("observe", "r1"): 2,
+        ("observe", "r2"): 1,
+    }
+
+
+async def test_failed_calls_are_counted_too() -> None:
+    cloud = FakeCloud(config([FaultRule(primitive="delete")]))
+    with pytest.raises(ProviderError):
+        await cloud.delete(R1, VM, [])
+    assert cloud.state.call_counts() == {("delete", "r1"): 1}
+
+
+async def test_creates_per_vm_counts_every_create_even_deleted() -> None:
+    cloud = FakeCloud(config())
+    ids = await launch(cloud)
+    await launch(cloud)
+    await launch(cloud, vm="other-vm")
+    await cloud.delete(R1, VM, ids)
+    assert cloud.state.creates_per_vm() == {VM: 2, "other-vm": 1}
+
+
+async def test_two_clouds_on_one_state_file_share_instances(tmp_path: Path) -> None:
+    path = str(tmp_path / "fake.db")
+    first, second = FakeCloud(config(state_path=path)), FakeCloud(config(state_path=path))
+    try:
+        ids = await launch(first)
+        assert [o.id for o in await second.observe(R1, VM)] == ids
+        await second.delete(R1, VM, ids)
+        assert (await first.observe(R1, VM))[0].status is InstanceStatus.STOPPING
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+async def test_state_file_survives_a_restart_with_fault_counters(tmp_path: Path) -> None:
+    path = str(tmp_path / "fake.db")
+    rules = [FaultRule(primitive="create", kind=ErrorKind.CAPACITY, times=1)]
+    before = FakeCloud(config(rules, state_path=path))
+    with pytest.raises(ProviderError):
+        await launch(before)
+    ids = await launch(before)
+    await before.aclose()
+
+    after = FakeCloud(config(rules, state_path=path))  # the worker restarted
+    try:
+        assert [o.id for o in await after.observe(R1, VM)] == ids
+        assert len(await launch(after, vm="job-a2-n0")) == 1  # the one-shot fault stays spent
+        assert after.state.creates_per_vm() == {VM: 1, "job-a2-n0": 1}
+        assert after.state.call_counts()[("create", "r1")] == 3
+        assert len(after.state.live_side_resources()) == 2
+    finally:
+        await after.aclose()
+
+
+async def test_instance_ids_stay_unique_across_clouds_on_one_file(tmp_path: Path) -> None:
+    path = str(tmp_path / "fake.db")
+    first, second = FakeCloud(config(state_path=path)), FakeCloud(config(state_path=path))
+    try:
+        ids = await launch(first) + await launch(second) + await launch(first)
+        assert len(set(ids)) == 3
+    finally:
+        await first.aclose()
+        await second.aclose()
+
+
+async def test_in_memory_clouds_do_not_share_state() -> None:
+    first, second = FakeCloud(config()), FakeCloud(config())
+    await launch(first)
+    assert await second.observe(R1, VM) == []
