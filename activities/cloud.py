@@ -4,7 +4,8 @@
 - plan: one provider's offers, split into compatible and rejected (with reasons).
 - prepare / cleanup: per-VM side resources.
 - create: one attempt; on any retry it observes first and adopts what landed, so a lost
-  response never becomes a second machine.
+  response never becomes a second machine. Before the cloud call it records the VM row and
+  mints the node's join token (activities/enrolment.py); the token never leaves the activity.
 - delete: observes the VM identity and deletes every instance found plus the known ids.
 - wait_running / wait_gone: heartbeating loops over observe at the provider's poll_interval,
   bounded by boot_timeout / delete_timeout (a missed deadline is Failed for that offer); the
@@ -23,7 +24,8 @@ from typing import Any
 from pydantic import Field
 from temporalio import activity
 
-from activities.errors import classified
+from activities.enrolment import Enrolment
+from activities.errors import classified, to_application_error
 from activities.heartbeat import Heartbeater
 from providers.base import (
     Capabilities,
@@ -95,8 +97,11 @@ class WaitProgress(Model):
 class CloudActivities:
     """Activities bound to the providers this worker was built with (no global registry)."""
 
-    def __init__(self, providers: dict[str, CloudProvider]) -> None:
+    def __init__(
+        self, providers: dict[str, CloudProvider], enrolment: Enrolment | None = None
+    ) -> None:
         self._providers = providers
+        self._enrolment = enrolment
 
     def all(self) -> list[Any]:
         return [
@@ -113,12 +118,15 @@ class CloudActivities:
         ]
 
     def _provider(self, name: str) -> CloudProvider:
+        """The provider, or InvalidRequest (already classified: callers may be outside
+        `classified()`) when this worker does not have it enabled."""
         try:
             return self._providers[name]
         except KeyError:
-            raise ProviderError(
+            error = ProviderError(
                 ErrorKind.INVALID_REQUEST, f"provider {name!r} is not enabled on this worker"
-            ) from None
+            )
+            raise to_application_error(error) from None
 
     @activity.defn(name="describe_providers")
     async def describe_providers(self) -> dict[str, Capabilities]:
@@ -147,16 +155,33 @@ class CloudActivities:
     @activity.defn(name="create")
     async def create(self, request: CreateInput) -> list[str]:
         provider = self._provider(request.offer.provider)
+        spec = request.spec
+        # Heartbeats let Temporal notice a dead worker within the heartbeat timeout instead
+        # of the whole start-to-close timeout; the retry then observes and adopts.
+        async with Heartbeater(WaitProgress(started_at=time.time())):
+            return await self._create_once(request, provider, spec)
+
+    async def _create_once(
+        self, request: CreateInput, provider: CloudProvider, spec: InstanceSpec
+    ) -> list[str]:
         with classified():
             if activity.info().attempt > 1:
                 # An earlier attempt may have landed with its response lost: adopt it.
-                existing = await provider.observe(request.offer.location, request.spec.vm)
+                existing = await provider.observe(request.offer.location, spec.vm)
                 if existing:
-                    activity.logger.info(
-                        "adopting %s for %s", [o.id for o in existing], request.spec.vm
-                    )
-                    return [o.id for o in existing]
-            return await provider.create(request.offer, request.prepared, request.spec)
+                    ids = [o.id for o in existing]
+                    activity.logger.info("adopting %s for %s", ids, spec.vm)
+                    await self._created(spec.vm, ids)
+                    return ids
+            if self._enrolment is not None:
+                spec = await asyncio.to_thread(self._enrolment.record_and_mint, request.offer, spec)
+            ids = await provider.create(request.offer, request.prepared, spec)
+        await self._created(spec.vm, ids)
+        return ids
+
+    async def _created(self, vm: str, ids: list[str]) -> None:
+        if self._enrolment is not None:
+            await asyncio.to_thread(self._enrolment.created, vm, ids)
 
     @activity.defn(name="delete")
     async def delete(self, request: VmInput) -> list[str]:

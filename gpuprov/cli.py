@@ -4,6 +4,9 @@
     gpuprov dev                       Temporal dev server + UI + worker, until Ctrl-C
     gpuprov submit job.yaml [--wait]  start a job (workflow id job-<name>)
     gpuprov status NAME | list | release NAME | cancel NAME | offers --gpu H100
+    gpuprov api                       the control-plane API (nodes register here)
+    gpuprov token create --label L    a single-use join token for a box you own
+    gpuprov join --url U              on that box: probe it, register it as an existing worker
 Connection settings come from gpuprov.toml (--config or GPUPROV_CONFIG) and the environment
 (GPUPROV_TEMPORAL__ADDRESS, default localhost:7233); --address overrides both.
 """
@@ -17,13 +20,25 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import timedelta
 from typing import NoReturn
 
+from pydantic import ValidationError
+
+from gpuprov import agent
 from gpuprov import demo as demo_module
+from gpuprov.api import create_app, serving, temporal_notifier
 from gpuprov.client import GpuprovClient, GpuprovError
 from gpuprov.config import ConfigError, Settings, load_settings
 from gpuprov.dev import dev_stack, with_default_cloud
-from gpuprov.models import JobSpecError, JobState, load_job_spec
+from gpuprov.engine import connect, open_records
+from gpuprov.models import (
+    JobSpecError,
+    JobState,
+    WorkerCapabilities,
+    format_validation_error,
+    load_job_spec,
+)
 from gpuprov.render import offers_text, progress_line, status_text
 from providers.base import ResourceRequest
 from workflows.offers import OffersQuery
@@ -60,6 +75,26 @@ def _parser() -> argparse.ArgumentParser:
     offers.add_argument("--max-hourly-cost", type=float)
     offers.add_argument("--provider", action="append", dest="providers")
     offers.add_argument("--region", action="append", dest="regions")
+    commands.add_parser("api", help="run the control-plane API until Ctrl-C")
+    token = commands.add_parser("token", help="join tokens for machines you own")
+    token_commands = token.add_subparsers(dest="token_command", required=True)
+    create = token_commands.add_parser("create", help="mint a single-use join token (shown once)")
+    create.add_argument("--label", required=True, help="the reservation label of the worker")
+    create.add_argument("--ttl", type=int, help="seconds until it expires (default from config)")
+    join = commands.add_parser(
+        "join",
+        help="register this GPU box as an existing worker",
+        description=(
+            "Probe this machine (nvidia-smi, CPUs, memory, disk) and register it with the "
+            f"control plane. Pass the join token in ${agent.TOKEN_ENV} or with --token-file: "
+            "--token puts it on the command line, where `ps` shows it to every user."
+        ),
+    )
+    join.add_argument("--url", required=True, help="the control-plane API, e.g. http://cp:8080")
+    join.add_argument("--token-file", help="file holding the join token (preferred)")
+    join.add_argument("--token", help=f"the join token (prefer ${agent.TOKEN_ENV}/--token-file)")
+    join.add_argument("--label-claim", help="the label you expect (the token's label wins)")
+    join.add_argument("--tries", type=int, default=5, help="attempts while the API is down")
     return parser
 
 
@@ -134,13 +169,96 @@ async def _dev(settings: Settings, args: argparse.Namespace) -> int:
             f"worker on task queue {settings.temporal.task_queue}; "
             f"providers: {', '.join(settings.providers.enabled_ids())}. Ctrl-C stops."
         )
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(signum, stop.set)
-        await stop.wait()
+        await _until_signalled()
     print("stopped")
     return 0
+
+
+async def _api(settings: Settings, args: argparse.Namespace) -> int:
+    records = open_records(settings.database_url)
+    try:
+        try:
+            client = await connect(settings.temporal)
+        except RuntimeError as error:
+            address = settings.temporal.address
+            raise GpuprovError(f"cannot reach Temporal at {address}: {error}") from None
+        app = create_app(records, temporal_notifier(client))
+        async with serving(app, settings.api.host, settings.api.port):
+            print(f"control-plane API at http://{settings.api.host}:{settings.api.port}")
+            print(f"nodes are told to use {settings.api.url}. Ctrl-C stops.")
+            await _until_signalled()
+    finally:
+        records.db.dispose()
+    print("stopped")
+    return 0
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(signum, stop.set)
+    await stop.wait()
+
+
+async def _token(settings: Settings, args: argparse.Namespace) -> int:
+    ttl = args.ttl if args.ttl is not None else settings.jobs.join_token_ttl_seconds
+    if ttl <= 0:
+        raise ConfigError(f"--ttl must be a positive number of seconds, got {ttl}")
+    if not args.label.strip():
+        raise ConfigError("--label must not be empty")
+    records = open_records(settings.database_url)
+    try:
+        token = records.mint_token(label=args.label, ttl=timedelta(seconds=ttl))
+    finally:
+        records.db.dispose()
+    # The plaintext exists only here: the database keeps its SHA-256. stdout is the token alone,
+    # so `gpuprov token create --label x > token` works; the hint goes to stderr.
+    print(token)
+    print(
+        f"single-use join token for label {args.label!r}, valid {ttl}s, shown only now. "
+        f"On the GPU box: gpuprov join --url {settings.api.url} --token <token> "
+        f"(or --token-file FILE / ${agent.TOKEN_ENV}, which keep it out of `ps`)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+async def _join(settings: Settings, args: argparse.Namespace) -> int:
+    token = args.token.strip() if args.token else agent.read_token(args.token_file)
+    capabilities = await asyncio.to_thread(agent.probe)
+    try:
+        WorkerCapabilities.model_validate(capabilities)
+    except ValidationError as error:
+        raise agent.AgentError(f"probe result invalid: {format_validation_error(error)}") from None
+    identity = {"label": args.label_claim} if args.label_claim else None
+    response = await asyncio.to_thread(
+        agent.register, args.url, token, capabilities, identity, tries=args.tries
+    )
+    origin, label = response.get("origin"), response.get("label")
+    print(f"joined: worker {response['worker_id']} ({origin}, label {label}), idle")
+    print(capabilities_text(capabilities))
+    return 0
+
+
+def capabilities_text(capabilities: dict) -> str:
+    """One line: GPUs by model, driver/CUDA, CPUs, memory, disk, and the runtime verdict."""
+    names = [gpu["name"] for gpu in capabilities["gpus"]]
+    gpus = ", ".join(f"{names.count(name)} x {name}" for name in dict.fromkeys(names)) or "no GPU"
+    parts = [gpus]
+    if capabilities.get("driver_version"):
+        parts.append(f"driver {capabilities['driver_version']}")
+    if capabilities.get("cuda_version"):
+        parts.append(f"CUDA {capabilities['cuda_version']}")
+    for key, unit in (("cpu_count", "CPUs"), ("memory_gb", "GiB memory"), ("disk_gb", "GiB disk")):
+        if capabilities.get(key) is not None:
+            parts.append(f"{capabilities[key]:g} {unit}")
+    verdict = (
+        "GPU runtime OK"
+        if capabilities["gpu_runtime_ok"]
+        else f"GPU runtime NOT OK: {capabilities['gpu_runtime_error']}"
+    )
+    return f"{'; '.join(parts)}; {verdict}"
 
 
 COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], Awaitable[int]]] = {
@@ -151,6 +269,9 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], Awaitable[int]]] = 
     "cancel": _cancel,
     "offers": _offers,
     "dev": _dev,
+    "api": _api,
+    "token": _token,
+    "join": _join,
 }
 
 
@@ -166,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(KeyboardInterrupt):
             return asyncio.run(COMMANDS[args.command](settings, args))
         return 130
-    except (JobSpecError, ConfigError, GpuprovError, TimeoutError) as error:
+    except (JobSpecError, ConfigError, GpuprovError, TimeoutError, agent.AgentError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
 

@@ -12,18 +12,19 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from temporalio.client import (
     Client,
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
+    WorkflowQueryFailedError,
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import WorkflowAlreadyStartedError
-from temporalio.service import RPCError
+from temporalio.service import RPCError, RPCStatusCode
 
 from gpuprov import search_attributes
 from gpuprov.models import JobSpec, JobState, JobStatus, workflow_id_for
@@ -63,9 +64,11 @@ class JobHandle:
         try:
             return await self._handle.query("status", result_type=JobStatus)
         except RPCError as error:
-            if "not found" in str(error).lower():
+            if error.status is RPCStatusCode.NOT_FOUND:
                 raise JobNotFound(f"no job named {self.name!r}") from None
             raise GpuprovError(f"cannot read status of job {self.name!r}: {error}") from None
+        except WorkflowQueryFailedError as error:
+            raise GpuprovError(f"job {self.name!r} could not answer its status: {error}") from None
 
     async def wait_for(
         self,
@@ -95,10 +98,18 @@ class JobHandle:
         return status
 
     async def release(self) -> None:
-        await self._handle.signal("release")
+        await self._running_only(self._handle.signal("release"))
 
     async def cancel(self) -> None:
-        await self._handle.cancel()
+        await self._running_only(self._handle.cancel())
+
+    async def _running_only(self, call: Awaitable[None]) -> None:
+        try:
+            await call
+        except RPCError as error:
+            if error.status is RPCStatusCode.NOT_FOUND:
+                raise JobNotFound(f"no running job named {self.name!r}: {error.message}") from None
+            raise GpuprovError(f"job {self.name!r}: {error}") from None
 
     async def result(self) -> JobStatus:
         """Wait for the job to end; the final status whatever the outcome."""

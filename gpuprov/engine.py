@@ -1,16 +1,22 @@
-"""Wiring shared by worker.py, `gpuprov dev`, the demo and the tests: client and Worker."""
+"""Wiring shared by worker.py, `gpuprov dev`, the demo and the tests: client, Worker, API."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import timedelta
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from activities.cloud import CloudActivities
-from gpuprov.config import Settings, TemporalSettings
+from activities.enrolment import Enrolment
+from activities.store import StoreActivities
+from gpuprov.config import JobsSettings, Settings, TemporalSettings
+from gpuprov.db import Database
+from gpuprov.records import Records
 from providers import build
 from providers.base import CloudProvider
 from workflows.job import ProvisionJob
@@ -27,23 +33,57 @@ async def connect(settings: TemporalSettings) -> Client:
     )
 
 
-def build_worker(client: Client, task_queue: str, providers: dict[str, CloudProvider]) -> Worker:
+def build_worker(
+    client: Client,
+    task_queue: str,
+    providers: dict[str, CloudProvider],
+    records: Records,
+    *,
+    api_url: str,
+    jobs: JobsSettings | None = None,
+) -> Worker:
+    jobs = jobs or JobsSettings()
+    enrolment = Enrolment(records, api_url, timedelta(seconds=jobs.join_token_ttl_seconds))
+    store = StoreActivities(records, timedelta(seconds=jobs.block_ttl_seconds))
     return Worker(
         client,
         task_queue=task_queue,
         workflows=WORKFLOWS,
-        activities=CloudActivities(providers).all(),
+        activities=[*CloudActivities(providers, enrolment).all(), *store.all()],
     )
 
 
+def open_records(url: str) -> Records:
+    """Connect to the database and bring its schema to the latest migration."""
+    database = Database(url)
+    database.upgrade()
+    return Records(database)
+
+
+@dataclass
+class Runtime:
+    worker: Worker
+    records: Records
+    providers: dict[str, CloudProvider]
+
+
 @asynccontextmanager
-async def running_worker(client: Client, settings: Settings) -> AsyncIterator[Worker]:
-    """Build the providers from `settings`, run a worker until the block exits, close them."""
+async def running_worker(client: Client, settings: Settings) -> AsyncIterator[Runtime]:
+    """Build the providers and the records from `settings`, run a worker until the block exits."""
+    records = open_records(settings.database_url)
     providers = build(settings.providers)
-    worker = build_worker(client, settings.temporal.task_queue, providers)
+    worker = build_worker(
+        client,
+        settings.temporal.task_queue,
+        providers,
+        records,
+        api_url=settings.api.url,
+        jobs=settings.jobs,
+    )
     try:
         async with worker:
-            yield worker
+            yield Runtime(worker=worker, records=records, providers=providers)
     finally:
         for provider in providers.values():
             await provider.aclose()
+        records.db.dispose()

@@ -20,6 +20,7 @@ from providers import PROVIDER_IDS
 from providers.base import (
     Location,
     Model,
+    NodeShape,
     Observed,
     Offer,
     PriceQuote,
@@ -136,6 +137,66 @@ def load_job_spec(path: str | Path) -> JobSpec:
     return parse_job_spec(data)
 
 
+def _text() -> Any:
+    """An optional short string field (node-reported text is bounded)."""
+    return Field(default=None, max_length=256)
+
+
+class GpuInfo(Model):
+    """One GPU as the node agent saw it (nvidia-smi)."""
+
+    name: str = Field(max_length=256)
+    memory_mb: int | None = Field(default=None, ge=0)
+    driver_version: str | None = _text()
+    uuid: str | None = _text()
+
+
+class WorkerCapabilities(Model):
+    """What a registered node reports about itself. Placement trusts this, not the offer."""
+
+    gpus: list[GpuInfo] = Field(default_factory=list, max_length=64)
+    driver_version: str | None = _text()
+    cuda_version: str | None = _text()
+    cpu_count: int | None = Field(default=None, ge=0)
+    memory_gb: float | None = Field(default=None, ge=0)
+    disk_gb: float | None = Field(default=None, ge=0)
+    gpu_runtime_ok: bool = False  # a GPU is visible and the driver/library stack works
+    gpu_runtime_error: str | None = Field(default=None, max_length=2000)
+    agent_version: str | None = _text()
+
+    def shape(self, provider: str | None = None, region: str | None = None) -> NodeShape:
+        names = [gpu.name for gpu in self.gpus]
+        most_common = max(set(names), key=names.count) if names else None
+        return NodeShape(
+            provider=provider,
+            region=region,
+            gpu_name=most_common,
+            gpu_count=names.count(most_common) if most_common else 0,
+            vcpus=self.cpu_count,
+            memory_gb=self.memory_gb,
+            disk_gb=self.disk_gb,
+            gpu_runtime_ok=self.gpu_runtime_ok if self.gpus else None,
+            gpu_runtime_error=self.gpu_runtime_error,
+        )
+
+
+class WorkerRegistration(Model):
+    """The Update the API sends a job when its node registers: ids and capabilities only,
+    never the token (accepted Update arguments are stored in history)."""
+
+    vm: str
+    worker_id: str
+    capabilities: WorkerCapabilities
+
+
+class ExistingWorker(Model):
+    """An existing (operator-joined) worker reserved for a job instead of a cloud machine."""
+
+    worker_id: str
+    label: str | None = None
+    capabilities: WorkerCapabilities
+
+
 class JobState(StrEnum):
     QUEUED = "queued"
     PROVISIONING = "provisioning"
@@ -186,6 +247,8 @@ class NodeInstance(Model):
     instance_ids: list[str] = Field(default_factory=list)
     status: str = "requested"  # requested / running / terminated / kept / leaked
     ssh: SshEndpoint | None = None
+    worker_id: str | None = None  # set when the node registered through the API
+    capabilities: WorkerCapabilities | None = None
 
     @property
     def location(self) -> Location:
@@ -226,6 +289,7 @@ class JobStatus(Model):
     waiting_for: str | None = None
     attempts: list[Attempt] = Field(default_factory=list)
     nodes: list[NodeInstance] = Field(default_factory=list)
+    existing_workers: list[ExistingWorker] = Field(default_factory=list)
     blocks: list[Block] = Field(default_factory=list)
     rejected_offers: list[str] = Field(default_factory=list)  # "offer: reason"
     hourly_cost: PriceQuote | None = None  # whole job, from the winning offer's quote

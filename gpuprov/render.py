@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuprov.models import JobStatus
+from gpuprov.models import JobStatus, WorkerCapabilities
 from providers.base import Offer
 
 
@@ -11,6 +11,17 @@ def price_text(offer: Offer) -> str:
         return "no price"
     quote = offer.price
     return f"{quote.amount:.2f} {quote.currency}/{quote.unit} ({quote.source})"
+
+
+def capabilities_text(capabilities: WorkerCapabilities) -> str:
+    shape = capabilities.shape()
+    gpus = f"{shape.gpu_count}x {shape.gpu_name}" if shape.gpu_name else "no GPU"
+    runtime = (
+        "runtime ok"
+        if capabilities.gpu_runtime_ok
+        else f"runtime broken: {capabilities.gpu_runtime_error or 'unknown'}"
+    )
+    return f"{gpus}, {capabilities.cpu_count or '?'} CPUs, {runtime}"
 
 
 def progress_line(status: JobStatus) -> str:
@@ -43,6 +54,17 @@ def status_text(status: JobStatus) -> str:
             lines.append(
                 f"    attempt {node.attempt} node {node.node_index} {node.vm} "
                 f"[{node.provider}/{node.region}] {ids}: {node.status}{ssh}"
+            )
+            if node.worker_id and node.capabilities:
+                lines.append(
+                    f"      worker {node.worker_id}: {capabilities_text(node.capabilities)}"
+                )
+    if status.existing_workers:
+        lines.append("  existing workers:")
+        for worker in status.existing_workers:
+            lines.append(
+                f"    {worker.worker_id} ({worker.label or '-'}): "
+                f"{capabilities_text(worker.capabilities)}"
             )
     if status.leaks:
         lines.append("  POSSIBLE LEAKS (teardown did not confirm):")

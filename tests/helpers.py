@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -11,8 +12,9 @@ from temporalio.client import Client
 
 from gpuprov.client import GpuprovClient, JobHandle
 from gpuprov.config import FakeInstanceType, FakeProviderConfig, FakeRegion, FaultRule
-from gpuprov.engine import build_worker
+from gpuprov.engine import build_worker, open_records
 from gpuprov.models import JobSpec, JobState, JobStatus
+from gpuprov.records import Records
 from providers.fake import FakeCloud
 
 # Two regions; r1 has two zones at the same price, r2 is dearer. Offers, in the order a job
@@ -57,12 +59,24 @@ def job(name: str, nodes: int = 1, **overrides: Any) -> JobSpec:
 
 @asynccontextmanager
 async def fake_worker(
-    client: Client, task_queue: str, config: FakeProviderConfig
+    client: Client,
+    task_queue: str,
+    config: FakeProviderConfig,
+    records: Records | None = None,
+    api_url: str = "http://127.0.0.1:9",  # nothing listens: only agent tests need the API
 ) -> AsyncIterator[tuple[GpuprovClient, FakeCloud]]:
-    cloud = FakeCloud(config)
-    async with build_worker(client, task_queue, {"fake": cloud}):
-        yield GpuprovClient(client, task_queue), cloud
-    await cloud.aclose()
+    """A worker with the fake cloud and a real database (a fresh SQLite file unless given)."""
+    with tempfile.TemporaryDirectory(prefix="gpuprov-test-") as data_dir:
+        own_records = records or open_records(f"sqlite:///{data_dir}/gpuprov.db")
+        cloud = FakeCloud(config)
+        worker = build_worker(client, task_queue, {"fake": cloud}, own_records, api_url=api_url)
+        try:
+            async with worker:
+                yield GpuprovClient(client, task_queue), cloud
+        finally:
+            await cloud.aclose()
+            if records is None:
+                own_records.db.dispose()
 
 
 async def until(handle: JobHandle, predicate: Any, timeout: float = 60) -> JobStatus:

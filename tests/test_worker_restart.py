@@ -1,5 +1,7 @@
-"""A worker SIGKILLed while its job waits for running comes back and finishes the job without a
-second instance: Temporal history is the journal, the fake cloud's ledger file is the witness."""
+"""Workers SIGKILLed at the worst moments come back and finish the job: no duplicate machine,
+no orphan. Temporal history is the journal; the fake cloud's ledger file and the database are
+the witnesses. The API runs in the test process, the worker in a subprocess sharing the
+database file."""
 
 from __future__ import annotations
 
@@ -8,79 +10,156 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+from gpuprov.api import create_app, serving, temporal_notifier
 from gpuprov.client import GpuprovClient
+from gpuprov.dev import free_port
+from gpuprov.engine import open_records
 from gpuprov.models import JobState
+from gpuprov.records import Records
 from providers.fake import FakeCloudState
 from tests.helpers import job, until
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _write_config(path: Path, address: str, task_queue: str, state_path: Path) -> None:
-    path.write_text(
+@dataclass
+class Stack:
+    config: Path
+    log: Path
+    ledger: Path
+    records: Records
+    worker: subprocess.Popen[bytes] | None = None
+
+    def start_worker(self) -> None:
+        self.worker = subprocess.Popen(
+            [sys.executable, str(REPO / "worker.py"), "--config", str(self.config)],
+            cwd=REPO,
+            stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT,
+        )
+
+    def kill_worker(self) -> None:
+        assert self.worker is not None
+        os.kill(self.worker.pid, signal.SIGKILL)
+        self.worker.wait(10)
+
+    def stop_worker(self) -> None:
+        if self.worker is None or self.worker.poll() is not None:
+            return
+        self.worker.send_signal(signal.SIGTERM)
+        try:
+            self.worker.wait(15)
+        except subprocess.TimeoutExpired:
+            self.worker.kill()
+
+
+@asynccontextmanager
+async def stack(client, task_queue: str, tmp_path: Path, fake: str) -> AsyncIterator[Stack]:
+    database = f"sqlite:///{tmp_path / 'gpuprov.db'}"
+    records = open_records(database)
+    port = free_port()
+    config = tmp_path / "gpuprov.toml"
+    config.write_text(
         f"""
 [temporal]
-address = "{address}"
+address = "{client.service_client.config.target_host}"
 task_queue = "{task_queue}"
 
+[database]
+url = "{database}"
+
+[api]
+port = {port}
+
 [providers.fake]
-boot_delay_seconds = 6
 delete_delay_seconds = 0.2
 poll_interval = 0.2
 boot_timeout = 60
-state_path = "{state_path}"
+simulate_agent = true
+state_path = "{tmp_path / "fake-cloud.db"}"
 regions = [{{ name = "r1", zones = ["r1-a"] }}]
 instance_types = [{{ name = "gpu8", gpu = "H100", gpu_count = 8, price = 10.0 }}]
+{fake}
 """
     )
-
-
-def _start_worker(config: Path, log: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, str(REPO / "worker.py"), "--config", str(config)],
-        cwd=REPO,
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-    )
-
-
-async def test_worker_killed_while_waiting_for_running_finishes_without_duplicate(
-    client, temporal_env, task_queue, job_name, tmp_path
-):
-    state_path = tmp_path / "fake-cloud.db"
-    config = tmp_path / "gpuprov.toml"
-    log = tmp_path / "worker.log"
-    address = client.service_client.config.target_host
-    _write_config(config, address, task_queue, state_path)
-    gpuprov = GpuprovClient(client, task_queue)
-
-    worker = _start_worker(config, log)
-    try:
-        handle = await gpuprov.submit(job(job_name, nodes=2))
-        waiting = await until(handle, lambda s: (s.waiting_for or "").startswith("running"), 60)
-        assert waiting.state is JobState.PROVISIONING, log.read_text()
-        os.kill(worker.pid, signal.SIGKILL)
-        worker.wait(10)
-
-        worker = _start_worker(config, log)
-        ready = await until(handle, lambda s: s.state is JobState.READY, 90)
-        assert ready.state is JobState.READY, log.read_text()
-        await handle.release()
-        final = await asyncio.wait_for(handle.result(), 60)
-        assert final.state is JobState.COMPLETED
-    finally:
-        worker.send_signal(signal.SIGTERM)
+    running = Stack(config, tmp_path / "worker.log", tmp_path / "fake-cloud.db", records)
+    async with serving(create_app(records, temporal_notifier(client)), "127.0.0.1", port):
+        running.start_worker()
         try:
-            worker.wait(15)
-        except subprocess.TimeoutExpired:
-            worker.kill()
+            yield running
+        finally:
+            running.stop_worker()
+            records.db.dispose()
 
-    ledger = FakeCloudState(str(state_path))
+
+async def wait_for_db(records: Records, job_name: str, ready: Callable[[list], bool]) -> None:
+    for _ in range(300):
+        if ready(await asyncio.to_thread(records.vms_for_job, job_name)):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the database never reached the expected state")
+
+
+async def finish_and_check(stack: Stack, handle, job_name: str, nodes: int) -> None:
+    ready = await until(handle, lambda s: s.state is JobState.READY, 120)
+    assert ready.state is JobState.READY, stack.log.read_text()[-3000:]
+    assert all(node.worker_id for node in ready.nodes if node.status == "running")
+    await handle.release()
+    final = await asyncio.wait_for(handle.result(), 60)
+    assert final.state is JobState.COMPLETED
+    ledger = FakeCloudState(str(stack.ledger))
     try:
-        assert ledger.creates_per_vm() == {f"{job_name}-a1-n0": 1, f"{job_name}-a1-n1": 1}
+        expected = {f"{job_name}-a1-n{i}": 1 for i in range(nodes)}
+        assert ledger.creates_per_vm() == expected  # no duplicate
         assert ledger.live_instances(delete_delay=0.2) == []
         assert ledger.live_side_resources() == []
     finally:
         ledger.close()
+    assert stack.records.open_orphans() == []  # no orphan
+    assert {v.status for v in stack.records.vms_for_job(job_name)} == {"terminated"}
+
+
+async def test_worker_killed_between_recording_the_vm_and_creating_it(
+    client, task_queue, job_name, tmp_path
+):
+    slow_create = '[[providers.fake.faults]]\nprimitive = "create"\neffect = "delay"\n'
+    slow_create += "delay_seconds = 4\ntimes = 2\n"
+    async with stack(client, task_queue, tmp_path, f"boot_delay_seconds = 1\n{slow_create}") as s:
+        handle = await GpuprovClient(client, task_queue).submit(job(job_name, nodes=2))
+        # both VM rows recorded, no instance yet: the create calls are in flight
+        await wait_for_db(s.records, job_name, lambda vms: len(vms) == 2)
+        assert {v.status for v in s.records.vms_for_job(job_name)} == {"recorded"}
+        s.kill_worker()
+        s.start_worker()
+        await finish_and_check(s, handle, job_name, nodes=2)
+
+
+async def test_worker_killed_between_creating_and_registering(
+    client, task_queue, job_name, tmp_path
+):
+    async with stack(client, task_queue, tmp_path, "boot_delay_seconds = 5") as s:
+        handle = await GpuprovClient(client, task_queue).submit(job(job_name, nodes=2))
+        created = await until(handle, lambda st: (st.waiting_for or "").startswith("running"), 60)
+        assert created.state is JobState.PROVISIONING, s.log.read_text()
+        await wait_for_db(s.records, job_name, lambda vms: {v.status for v in vms} == {"created"})
+        s.kill_worker()
+        await asyncio.sleep(6)  # the machines boot while no worker runs
+        s.start_worker()
+        await finish_and_check(s, handle, job_name, nodes=2)
+
+
+async def test_worker_killed_while_waiting_for_running_finishes_without_duplicate(
+    client, task_queue, job_name, tmp_path
+):
+    async with stack(client, task_queue, tmp_path, "boot_delay_seconds = 6") as s:
+        handle = await GpuprovClient(client, task_queue).submit(job(job_name, nodes=2))
+        waiting = await until(handle, lambda st: (st.waiting_for or "").startswith("running"), 60)
+        assert waiting.state is JobState.PROVISIONING, s.log.read_text()
+        s.kill_worker()
+        s.start_worker()
+        await finish_and_check(s, handle, job_name, nodes=2)

@@ -1,29 +1,36 @@
-"""ProvisionJob: plan -> try offers (saga) -> ready -> release. Deterministic code only.
+"""ProvisionJob: reserve or plan -> try offers (saga) -> ready -> release. Deterministic only.
 
 Read top to bottom, `run` is DESIGN.md's lifecycle:
-1. plan on every enabled provider in parallel, filter and rank the offers (cheapest first);
-2. try offers in order: prepare -> create one instance per node -> wait running. A failure
-   unwinds the attempt's compensation stack (LIFO), blocks per `workflows/policy.py`, and moves
-   to the next offer; InvalidRequest and Credentials abort;
-3. ready: wait for `release` (signal) or cancellation;
-4. release: terminate and confirm gone (or keep), then completed.
-`provisioning_timeout_seconds` bounds steps 1-2; cancellation at any moment still unwinds.
+1. reserve idle, compatible existing workers for every node; if that works, skip to ready;
+2. plan on every enabled provider in parallel, skip offers under a shared block, rank the rest
+   cheapest first (no price + cost cap = rejected);
+3. try offers in order (workflows/attempt.py): record an estimate, prepare -> create ->
+   wait running -> wait for each node to register with compatible capabilities. A failure
+   unwinds the attempt's compensation stack (LIFO), blocks per `workflows/policy.py` (shared
+   with every job until the block expires) and moves on; InvalidRequest and Credentials abort;
+4. ready: wait for `release` (signal) or cancellation;
+5. release: terminate and confirm gone (or keep); workers revoked, existing ones freed.
+`provisioning_timeout_seconds` bounds steps 2-3; cancellation at any moment still unwinds.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
-from datetime import timedelta
-from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from activities.cloud import CloudActivities, CreateInput, PlanInput, PrepareInput, VmInput
-    from activities.errors import StepFailure, unwrap
+    from activities.cloud import CloudActivities, PlanInput
+    from activities.errors import StepFailure
+    from activities.store import (
+        BlockInput,
+        CostInput,
+        ReleaseInput,
+        ReserveInput,
+        StoreActivities,
+    )
     from gpuprov import search_attributes
     from gpuprov.models import (
         Attempt,
@@ -33,22 +40,19 @@ with workflow.unsafe.imports_passed_through():
         JobSpec,
         JobState,
         JobStatus,
-        NodeInstance,
         ReleasePolicy,
+        WorkerRegistration,
     )
-    from providers.base import Capabilities, InstanceSpec, Location, Offer
+    from providers.base import Capabilities, Offer
     from workflows import policy
+    from workflows.attempt import AttemptSaga
     from workflows.compensation import (
         Compensation,
         CompensationStack,
         unwind_surviving_cancellation,
     )
     from workflows.selection import blocking, rank_offers
-
-SHORT_STEP = timedelta(seconds=30)
-CLOUD_STEP = timedelta(minutes=5)
-WAIT_MARGIN = timedelta(minutes=2)
-MIN_HEARTBEAT = 5.0
+    from workflows.steps import SHORT_STEP, run_step
 
 
 class JobFailed(Exception):
@@ -73,12 +77,31 @@ class ProvisionJob:
     def release(self) -> None:
         self._release_requested = True
 
+    @workflow.update(name="register_worker")
+    def register_worker(self, registration: WorkerRegistration) -> None:
+        node = next(n for n in self._status.nodes if n.vm == registration.vm)
+        node.worker_id = registration.worker_id
+        node.capabilities = registration.capabilities
+
+    @register_worker.validator
+    def _accepts_registration(self, registration: WorkerRegistration) -> None:
+        """Only a node of the attempt in progress, once (rejected updates leave no history)."""
+        current = len(self._status.attempts)
+        node = next((n for n in self._status.nodes if n.vm == registration.vm), None)
+        if node is None or node.attempt != current or node.status not in ("requested", "running"):
+            raise ValueError(f"{registration.vm} is not a node this job is waiting for")
+        if self._status.state is not JobState.PROVISIONING:
+            raise ValueError(f"job is {self._status.state.value}, not provisioning")
+        if node.worker_id is not None and node.worker_id != registration.worker_id:
+            raise ValueError(f"{registration.vm} already registered as {node.worker_id}")
+
     @workflow.run
     async def run(self, spec: JobSpec) -> JobStatus:
         if spec.resources.gpu:
             workflow.upsert_search_attributes([search_attributes.GPU.value_set(spec.resources.gpu)])
         try:
-            await self._provision_within_timeout()
+            if not await self._reserve_existing_workers():
+                await self._provision_within_timeout()
             self._set_state(JobState.READY, "release: signal `release` or cancel the workflow")
             await workflow.wait_condition(lambda: self._release_requested)
             await self._release()
@@ -87,13 +110,43 @@ class ProvisionJob:
         except asyncio.CancelledError:
             self._set_state(JobState.RELEASING, "teardown after cancellation")
             await self._unwind(teardown=True)
+            await self._free_workers()
             self._set_state(JobState.CANCELLED)
             raise
         except JobFailed as failure:
             await self._unwind(teardown=True)  # nothing is left by now; kept as a guarantee
+            await self._free_workers()
             self._status.error = str(failure)
             self._set_state(JobState.FAILED)
             raise ApplicationError(str(failure), type="JobFailed", non_retryable=True) from None
+
+    # ------------------------------------------------------------------ existing workers
+
+    async def _reserve_existing_workers(self) -> bool:
+        """Idle, compatible existing workers for every node, or none at all."""
+        self._set_state(JobState.PROVISIONING, "an idle, compatible existing worker")
+        reserved = await run_step(
+            "reserve",
+            StoreActivities.reserve_existing_workers,
+            ReserveInput(
+                job=self._spec.name,
+                request=self._spec.resource_request(),
+                nodes=self._spec.nodes,
+            ),
+            start_to_close_timeout=SHORT_STEP,
+        )
+        self._status.existing_workers = reserved  # freed by _free_workers at any ending
+        return bool(reserved)
+
+    async def _free_workers(self) -> None:
+        """Existing workers back to idle, managed workers revoked (idempotent)."""
+        await run_step(
+            "release_workers",
+            StoreActivities.release_job_workers,
+            ReleaseInput(job=self._spec.name),
+            start_to_close_timeout=SHORT_STEP,
+            retry_policy=policy.TEARDOWN_RETRY,
+        )
 
     # ------------------------------------------------------------------ provisioning
 
@@ -116,24 +169,27 @@ class ProvisionJob:
         )
 
     async def _provision(self) -> None:
-        self._set_state(JobState.PROVISIONING, "offers from the enabled providers")
         if not self._spec.placement.provisioning:
             raise JobFailed("placement.provisioning is false and no existing worker is eligible")
+        self._waiting("offers from the enabled providers")
         offers = await self._plan()
         for offer in offers:
-            block = blocking(self._status.blocks, offer)
-            if block is not None:
+            if blocking(self._status.blocks, offer) is not None:
                 continue
             if await self._try_offer(offer):
                 return
         raise JobFailed(self._spent_message(offers))
 
     async def _plan(self) -> list[Offer]:
-        self._capabilities = await workflow.execute_activity_method(
-            CloudActivities.describe_providers,
-            start_to_close_timeout=SHORT_STEP,
-            retry_policy=policy.FORWARD_RETRY,
+        self._capabilities, shared_blocks = await asyncio.gather(
+            run_step(
+                "describe",
+                CloudActivities.describe_providers,
+                start_to_close_timeout=SHORT_STEP,
+            ),
+            run_step("blocks", StoreActivities.active_blocks, start_to_close_timeout=SHORT_STEP),
         )
+        self._status.blocks += shared_blocks
         allowed = self._spec.placement.providers
         providers = [p for p in sorted(self._capabilities) if allowed is None or p in allowed]
         request = self._spec.resource_request()
@@ -147,24 +203,20 @@ class ProvisionJob:
 
     async def _plan_one(self, request: PlanInput) -> list[Offer]:
         try:
-            result = await self._step(
-                "plan",
-                CloudActivities.plan,
-                request,
-                start_to_close_timeout=CLOUD_STEP,
-                summary=f"plan on {request.provider}",
+            result = await run_step(
+                "plan", CloudActivities.plan, request, summary=f"plan on {request.provider}"
             )
         except StepFailure as failure:
             action = policy.action_for(failure.kind)
             if action.abort:
-                raise JobFailed(f"{request.provider}: {failure}") from None
-            self._add_block(BlockScope.PROVIDER, request.provider, failure)
+                raise JobFailed(f"aborted: plan on {request.provider}: {failure}") from None
+            await self._add_block(policy.PLAN_FAILURE_SCOPE, request.provider, failure)
             return []
         self._status.rejected_offers += result.rejected
         return result.offers
 
     async def _try_offer(self, offer: Offer) -> bool:
-        """One saga attempt on `offer`. True when every node runs; False to fail over."""
+        """One saga attempt on `offer`. True when every node is placed; False to fail over."""
         attempt = Attempt(number=len(self._status.attempts) + 1, offer=offer)
         self._status.attempts.append(attempt)
         self._stack = CompensationStack()
@@ -174,23 +226,15 @@ class ProvisionJob:
                 search_attributes.REGION.value_set(offer.region),
             ]
         )
+        await self._record_estimate(offer)
+        saga = AttemptSaga(
+            self._spec, attempt, self._capabilities[offer.provider], self._stack, self._waiting
+        )
+        self._status.nodes += saga.nodes
         try:
-            await self._bring_up(attempt)
+            await saga.bring_up()
         except StepFailure as failure:
-            attempt.outcome = AttemptOutcome.FAILED
-            attempt.step, attempt.kind, attempt.message = (
-                failure.step,
-                failure.kind,
-                failure.message,
-            )
-            action = policy.action_for(failure.kind)
-            self._set_state(JobState.PROVISIONING, f"teardown of attempt #{attempt.number}")
-            await self._unwind(teardown=action.teardown)
-            scope = BlockScope(failure.block_scope) if failure.block_scope else action.block
-            if scope is not None:
-                self._add_block(scope, _block_key(scope, offer), failure)
-            if action.abort:
-                raise JobFailed(f"aborted: {attempt.describe()}") from None
+            await self._fail_attempt(attempt, failure)
             return False
         except asyncio.CancelledError:
             # Workflow cancelled or provisioning timed out: undo this attempt, then propagate.
@@ -199,154 +243,46 @@ class ProvisionJob:
             await self._unwind(teardown=True)
             raise
         attempt.outcome = AttemptOutcome.SUCCEEDED
-        price = offer.price
-        if price is not None:
-            self._status.hourly_cost = price.model_copy(
-                update={"amount": price.amount * self._spec.nodes}
-            )
         return True
 
-    async def _bring_up(self, attempt: Attempt) -> None:
-        offer = attempt.offer
-        nodes = [
-            NodeInstance(
-                attempt=attempt.number,
-                node_index=index,
-                vm=f"{self._spec.name}-a{attempt.number}-n{index}",
-                provider=offer.provider,
-                region=offer.region,
-                zone=offer.zone,
-            )
-            for index in range(self._spec.nodes)
-        ]
-        self._status.nodes += nodes
-        specs = [
-            InstanceSpec(
-                vm=node.vm,
-                job=self._spec.name,
-                node_index=node.node_index,
-                attempt=attempt.number,
-                labels={"gpuprov-job": self._spec.name},
-            )
-            for node in nodes
-        ]
-        self._waiting(f"prepare on {offer.id} for {len(nodes)} node(s)")
-        prepared = await _all(self._prepare(offer, spec) for spec in specs)
-        self._waiting(f"create {len(nodes)} instance(s) of {offer.instance_type} on {offer.id}")
-        await _all(
-            self._create(offer, spec, node, data)
-            for spec, node, data in zip(specs, nodes, prepared, strict=True)
-        )
-        hints = self._capabilities[offer.provider]
-        self._waiting(
-            f"running: {len(nodes)} instance(s) booting on {offer.id} "
-            f"(boot_timeout {hints.boot_timeout:g}s)"
-        )
-        await _all(self._wait_running(offer, node) for node in nodes)
+    async def _fail_attempt(self, attempt: Attempt, failure: StepFailure) -> None:
+        attempt.outcome = AttemptOutcome.FAILED
+        attempt.step, attempt.kind, attempt.message = failure.step, failure.kind, failure.message
+        action = policy.action_for(failure.kind)
+        self._waiting(f"teardown of attempt #{attempt.number}")
+        await self._unwind(teardown=action.teardown)
+        scope = BlockScope(failure.block_scope) if failure.block_scope else action.block
+        if scope is not None:
+            await self._add_block(scope, _block_key(scope, attempt.offer), failure)
+        if action.abort:
+            raise JobFailed(f"aborted by {failure.kind.value}:{self._attempt_lines()}")
 
-    async def _prepare(self, offer: Offer, spec: InstanceSpec) -> dict[str, Any]:
-        location = offer.location
-        self._stack.push(
-            Compensation(
-                name=f"cleanup {spec.vm}",
-                run=lambda: self._in_rounds(
-                    lambda: self._step(
-                        "cleanup",
-                        CloudActivities.cleanup,
-                        VmInput(location=location, vm=spec.vm),
-                        start_to_close_timeout=CLOUD_STEP,
-                        retry_policy=policy.TEARDOWN_RETRY,
-                        summary=f"cleanup {spec.vm}",
-                    )
-                ),
-            )
-        )
-        return await self._step(
-            "prepare",
-            CloudActivities.prepare,
-            PrepareInput(offer=offer, spec=spec),
-            start_to_close_timeout=CLOUD_STEP,
-            summary=f"prepare {spec.vm}",
+    async def _record_estimate(self, offer: Offer) -> None:
+        """The estimate for the whole job on this offer (None-priced offers record nothing)."""
+        if offer.price is None:
+            self._status.hourly_cost = None
+            return
+        quote = offer.price.model_copy(update={"amount": offer.price.amount * self._spec.nodes})
+        self._status.hourly_cost = quote
+        await run_step(
+            "record_cost",
+            StoreActivities.record_cost,
+            CostInput(job=self._spec.name, quote=quote),
+            start_to_close_timeout=SHORT_STEP,
         )
 
-    async def _create(
-        self, offer: Offer, spec: InstanceSpec, node: NodeInstance, prepared: dict[str, Any]
-    ) -> None:
-        self._stack.push(
-            Compensation(
-                name=f"terminate {node.vm}",
-                run=lambda: self._terminate(node),
-                terminates=True,
-                has_instances=lambda: bool(node.instance_ids),
-            )
-        )
-        node.instance_ids = await self._step(
-            "create",
-            CloudActivities.create,
-            CreateInput(offer=offer, prepared=prepared, spec=spec),
-            start_to_close_timeout=CLOUD_STEP,
-            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-            summary=f"create {spec.vm} on {offer.id}",
-        )
+    # ------------------------------------------------------------------ release and teardown
 
-    async def _wait_running(self, offer: Offer, node: NodeInstance) -> None:
-        hints = self._capabilities[offer.provider]
-        observed = await self._step(
-            "wait_running",
-            CloudActivities.wait_running,
-            VmInput(location=offer.location, vm=node.vm, ids=node.instance_ids),
-            start_to_close_timeout=timedelta(seconds=hints.boot_timeout) + WAIT_MARGIN,
-            heartbeat_timeout=_heartbeat_timeout(hints),
-            summary=f"wait for {node.vm} to run",
-        )
-        node.record_observed(observed)
-        node.status = "running"
-
-    # ------------------------------------------------------------------ teardown
-
-    async def _terminate(self, node: NodeInstance) -> None:
-        location = node.location
-        hints = self._capabilities[node.provider]
-        try:
-            await self._in_rounds(lambda: self._delete_and_confirm(node, location, hints))
-        except StepFailure:
-            node.status = "leaked"
-            raise
-        node.status = "terminated"
-
-    async def _in_rounds(self, step: Callable[[], Awaitable[Any]]) -> None:
-        """Run a teardown step; repeat it per policy when it fails for good."""
-        rounds = 0
-        while True:
-            rounds += 1
-            try:
-                await step()
-                return
-            except StepFailure as failure:
-                if not policy.retry_teardown(failure.kind, rounds):
-                    raise
-            await workflow.sleep(policy.TEARDOWN_PAUSE * rounds)
-
-    async def _delete_and_confirm(
-        self, node: NodeInstance, location: Location, hints: Capabilities
-    ) -> None:
-        node.instance_ids = await self._step(
-            "delete",
-            CloudActivities.delete,
-            VmInput(location=location, vm=node.vm, ids=node.instance_ids),
-            start_to_close_timeout=CLOUD_STEP,
-            retry_policy=policy.TEARDOWN_RETRY,
-            summary=f"delete {node.vm}",
-        )
-        await self._step(
-            "wait_gone",
-            CloudActivities.wait_gone,
-            VmInput(location=location, vm=node.vm, ids=node.instance_ids),
-            start_to_close_timeout=timedelta(seconds=hints.delete_timeout) + WAIT_MARGIN,
-            heartbeat_timeout=_heartbeat_timeout(hints),
-            retry_policy=policy.TEARDOWN_RETRY,
-            summary=f"wait for {node.vm} to be gone",
-        )
+    async def _release(self) -> None:
+        self._set_state(JobState.RELEASING, "terminating instances")
+        if self._spec.release is ReleasePolicy.KEEP:
+            for node in self._status.live_nodes():
+                node.status = "kept"
+            self._stack.discard()
+            await self._free_workers()
+            return
+        await self._unwind(teardown=True)
+        await self._free_workers()
 
     async def _unwind(self, *, teardown: bool) -> None:
         await unwind_surviving_cancellation(
@@ -356,30 +292,19 @@ class ProvisionJob:
     def _record_leak(self, compensation: Compensation, failure: StepFailure) -> None:
         self._status.leaks.append(f"{compensation.name}: {failure}")
 
-    async def _release(self) -> None:
-        self._set_state(JobState.RELEASING, "terminating instances")
-        if self._spec.release is ReleasePolicy.KEEP:
-            for node in self._status.live_nodes():
-                node.status = "kept"
-            self._stack.discard()
-            return
-        await self._unwind(teardown=True)
-
-    # ------------------------------------------------------------------ helpers
-
-    async def _step(self, step: str, activity: Any, arg: Any, **options: Any) -> Any:
-        options.setdefault("retry_policy", policy.FORWARD_RETRY)
-        try:
-            return await workflow.execute_activity_method(activity, arg, **options)
-        except ActivityError as error:
-            raise unwrap(step, error) from None
-
-    def _add_block(self, scope: BlockScope, key: str, failure: StepFailure) -> None:
+    async def _add_block(self, scope: BlockScope, key: str, failure: StepFailure) -> None:
         if any(b.scope is scope and b.key == key for b in self._status.blocks):
             return
-        self._status.blocks.append(
-            Block(scope=scope, key=key, kind=failure.kind, message=failure.message)
+        block = Block(scope=scope, key=key, kind=failure.kind, message=failure.message)
+        self._status.blocks.append(block)
+        await run_step(
+            "record_block",
+            StoreActivities.record_block,
+            BlockInput(job=self._spec.name, block=block),
+            start_to_close_timeout=SHORT_STEP,
         )
+
+    # ------------------------------------------------------------------ status
 
     def _set_state(self, state: JobState, waiting_for: str | None = None) -> None:
         if state is not self._status.state:  # each upsert is a history event
@@ -426,19 +351,6 @@ def _block_key(scope: BlockScope, offer: Offer) -> str:
     if scope is BlockScope.REGION:
         return f"{offer.provider}/{offer.region}"
     return offer.provider
-
-
-def _heartbeat_timeout(hints: Capabilities) -> timedelta:
-    return timedelta(seconds=max(MIN_HEARTBEAT, 4 * hints.poll_interval))
-
-
-async def _all(steps: Any) -> list[Any]:
-    """Run steps concurrently; let all finish, then raise the first failure in node order."""
-    results = await asyncio.gather(*steps, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return results
 
 
 async def _settled(task: asyncio.Task[None]) -> None:

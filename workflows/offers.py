@@ -16,8 +16,8 @@ with workflow.unsafe.imports_passed_through():
     from activities.errors import StepFailure, unwrap
     from providers.base import Model, Offer, ResourceRequest
     from workflows import policy
-    from workflows.job import CLOUD_STEP, SHORT_STEP
     from workflows.selection import rank_offers
+    from workflows.steps import CLOUD_STEP, SHORT_STEP
 
 from temporalio.exceptions import ActivityError
 

@@ -38,6 +38,10 @@ POLICY: dict[ErrorKind, Action] = {
 }
 
 
+# plan has no offer to blame: a plan failure that does not abort blocks the whole provider.
+PLAN_FAILURE_SCOPE = BlockScope.PROVIDER
+
+
 def action_for(kind: ErrorKind) -> Action:
     """The action for a step that failed for good with `kind`.
 

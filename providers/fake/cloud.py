@@ -7,7 +7,9 @@ Primitive -> what happens in the ledger:
 - create: adds one instance row labelled with the VM; `boot_mode` comes from fault effects.
 - observe: instances of the VM in the region that are not gone; Pending until boot_delay has
   passed, then Running with an SSH endpoint (Failed / forever Pending under fault effects);
-  Stopping until delete_delay has passed after a delete.
+  Stopping until delete_delay has passed after a delete. With `simulate_agent`, a Running
+  instance's agent registers through the real API with the join token from its bootstrap
+  (providers/fake/agent.py).
 - delete: marks the given ids deleted (unknown ids are success).
 - cleanup: deletes the VM's side resources in the region.
 
@@ -35,6 +37,7 @@ from providers.base import (
     SshEndpoint,
 )
 from providers.errors import ErrorKind, ProviderError
+from providers.fake.agent import register, simulated_capabilities
 from providers.fake.state import FakeCloudState, InstanceRow
 
 PROVIDER_ID = "fake"
@@ -47,15 +50,20 @@ class FakeCloud(CloudProvider):
     def __init__(self, config: FakeProviderConfig, state: FakeCloudState | None = None) -> None:
         self.config = config
         self.state = state or FakeCloudState(config.state_path)
+        self._agents: dict[str, asyncio.Task[None]] = {}  # instance id -> registering agent
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
+            node_agent=self.config.simulate_agent,
             boot_timeout=self.config.boot_timeout,
             delete_timeout=self.config.delete_timeout,
             poll_interval=self.config.poll_interval,
         )
 
     async def aclose(self) -> None:
+        for task in self._agents.values():
+            task.cancel()
+        await asyncio.gather(*self._agents.values(), return_exceptions=True)
         self.state.close()
 
     # ------------------------------------------------------------------ primitives
@@ -85,16 +93,16 @@ class FakeCloud(CloudProvider):
         )
         if fault is not None and fault.effect == "error":
             raise ProviderError(fault.kind, fault.message)
-        boot_mode = {"boot_failed": "failed", "boot_hang": "hang"}.get(
-            fault.effect if fault else "", "normal"
-        )
+        boot_mode = {"boot_failed": "failed", "boot_hang": "hang", "bad_runtime": "bad_runtime"}
         instance_id = self.state.add_instance(
             vm=spec.vm,
             region=offer.region,
             zone=offer.zone,
             offer_id=offer.id,
             instance_type=self._instance_type(offer).name,
-            boot_mode=boot_mode,
+            boot_mode=boot_mode.get(fault.effect if fault else "", "normal"),
+            api_url=spec.bootstrap.api_url if spec.bootstrap else None,
+            join_token=spec.bootstrap.join_token if spec.bootstrap else None,
         )
         if fault is not None and fault.effect == "lost_response":
             raise ProviderError(fault.kind, fault.message)
@@ -103,11 +111,15 @@ class FakeCloud(CloudProvider):
     async def observe(self, location: Location, vm: str) -> list[Observed]:
         await self._enter("observe", region=location.region, vm=vm)
         now = time.time()
-        return [
-            observed
-            for row in self.state.instances(vm=vm, region=location.region)
-            if (observed := self._observed(row, now)) is not None
-        ]
+        observed = []
+        for row in self.state.instances(vm=vm, region=location.region):
+            instance = self._observed(row, now)
+            if instance is None:
+                continue
+            observed.append(instance)
+            if instance.status is InstanceStatus.RUNNING:
+                self._boot_agent(row)
+        return observed
 
     async def delete(self, location: Location, vm: str, ids: list[str]) -> None:
         await self._enter("delete", region=location.region, vm=vm)
@@ -123,6 +135,23 @@ class FakeCloud(CloudProvider):
         return self.state.live_instances(self.config.delete_delay_seconds)
 
     # ------------------------------------------------------------------ internals
+
+    def _boot_agent(self, row: InstanceRow) -> None:
+        """A booted instance's agent registers once; observe is where the fake notices the
+        boot, so a restarted worker picks up agents that had not registered yet."""
+        if not self.config.simulate_agent or row.agent_state != "pending" or not row.join_token:
+            return
+        task = self._agents.get(row.id)
+        if task is not None and not task.done():
+            return
+        self._agents[row.id] = asyncio.create_task(self._run_agent(row))
+
+    async def _run_agent(self, row: InstanceRow) -> None:
+        assert row.api_url is not None and row.join_token is not None
+        instance_type = next(t for t in self.config.instance_types if t.name == row.instance_type)
+        capabilities = simulated_capabilities(instance_type, row.boot_mode == "bad_runtime")
+        accepted = await register(row.api_url, row.join_token, capabilities)
+        self.state.set_agent_state(row.id, "registered" if accepted else "rejected")
 
     async def _enter(
         self,

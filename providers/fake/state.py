@@ -24,7 +24,10 @@ CREATE TABLE IF NOT EXISTS instances (
     instance_type TEXT NOT NULL,
     boot_mode TEXT NOT NULL,
     created_at REAL NOT NULL,
-    deleted_at REAL
+    deleted_at REAL,
+    api_url TEXT,
+    join_token TEXT,
+    agent_state TEXT NOT NULL DEFAULT 'pending'
 );
 CREATE INDEX IF NOT EXISTS instances_vm ON instances (vm, region);
 CREATE TABLE IF NOT EXISTS side_resources (
@@ -57,9 +60,12 @@ class InstanceRow:
     zone: str | None
     offer_id: str
     instance_type: str
-    boot_mode: str  # normal / failed / hang
+    boot_mode: str  # normal / failed / hang / bad_runtime
     created_at: float
     deleted_at: float | None
+    api_url: str | None = None  # the node's bootstrap (the cloud's "user data")
+    join_token: str | None = None
+    agent_state: str = "pending"  # pending / registered / rejected
 
 
 class FakeCloudState:
@@ -122,12 +128,25 @@ class FakeCloudState:
         offer_id: str,
         instance_type: str,
         boot_mode: str,
+        api_url: str | None = None,
+        join_token: str | None = None,
     ) -> str:
         with self._transaction() as db:
             cursor = db.execute(
                 "INSERT INTO instances (id, vm, region, zone, offer_id, instance_type, "
-                "boot_mode, created_at) VALUES ('', ?, ?, ?, ?, ?, ?, ?)",
-                (vm, region, zone, offer_id, instance_type, boot_mode, time.time()),
+                "boot_mode, created_at, api_url, join_token) "
+                "VALUES ('', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    vm,
+                    region,
+                    zone,
+                    offer_id,
+                    instance_type,
+                    boot_mode,
+                    time.time(),
+                    api_url,
+                    join_token,
+                ),
             )
             instance_id = f"fake-i-{cursor.lastrowid:06d}"
             db.execute("UPDATE instances SET id = ? WHERE seq = ?", (instance_id, cursor.lastrowid))
@@ -136,11 +155,18 @@ class FakeCloudState:
     def instances(self, vm: str | None = None, region: str | None = None) -> list[InstanceRow]:
         query = (
             "SELECT id, vm, region, zone, offer_id, instance_type, boot_mode, created_at, "
-            "deleted_at FROM instances WHERE (? IS NULL OR vm = ?) AND (? IS NULL OR region = ?) "
+            "deleted_at, api_url, join_token, agent_state FROM instances "
+            "WHERE (? IS NULL OR vm = ?) AND (? IS NULL OR region = ?) "
             "ORDER BY seq"
         )
         rows = self._db.execute(query, (vm, vm, region, region)).fetchall()
         return [InstanceRow(*row) for row in rows]
+
+    def set_agent_state(self, instance_id: str, agent_state: str) -> None:
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE instances SET agent_state = ? WHERE id = ?", (agent_state, instance_id)
+            )
 
     def mark_deleted(self, vm: str, region: str, ids: list[str]) -> None:
         with self._transaction() as db:

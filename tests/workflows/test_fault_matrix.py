@@ -8,10 +8,12 @@ the leak is recorded (the reconciler's job)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 import pytest
 
 from gpuprov.config import FaultRule
+from gpuprov.engine import open_records
 from gpuprov.models import BlockScope, JobState
 from providers.errors import ErrorKind
 from tests.helpers import (
@@ -27,6 +29,10 @@ from tests.helpers import (
 )
 
 K = ErrorKind
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
 
 
 @dataclass(frozen=True)
@@ -100,10 +106,13 @@ CELLS = [
 
 
 @pytest.mark.parametrize(("primitive", "kind"), CELLS, ids=[f"{p}-{k.value}" for p, k in CELLS])
-async def test_fault_matrix(client, task_queue, job_name, primitive: str, kind: ErrorKind):
+async def test_fault_matrix(
+    client, task_queue, job_name, tmp_path, primitive: str, kind: ErrorKind
+):
     expect = _expected(primitive, kind)
     config = fast_cloud([_fault(primitive, kind, job_name)])
-    async with fake_worker(client, task_queue, config) as (gpuprov, cloud):
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    async with fake_worker(client, task_queue, config, records) as (gpuprov, cloud):
         handle = await gpuprov.submit(job(job_name))
         _, final = await ready_then_release(handle)
 
@@ -115,10 +124,18 @@ async def test_fault_matrix(client, task_queue, job_name, primitive: str, kind: 
         assert bool(final.leaks) is expect.leaks
         assert_one_create_per_vm(cloud)
         if expect.leaks:
-            # Teardown gave up on an aborting kind: the status names the possible orphan.
+            # Teardown gave up on an aborting kind: the status names the possible orphan,
+            # and the database records it for the reconciler.
             assert kind.value in final.leaks[0]
+            if primitive == "delete":
+                orphans = records.open_orphans()
+                assert [o.vm for o in orphans] == [f"{job_name}-a1-n0"]
+                assert kind.value in orphans[0].last_error
         else:
             assert_nothing_left(cloud)
+            assert records.open_orphans() == []
+        blocks_in_db = {(b.scope, b.key, b.kind) for b in records.active_blocks(_now())}
+        assert blocks_in_db == {(s.value, k, kd.value) for s, k, kd in expect.blocks}
         if expect.state is JobState.FAILED:
             assert f"injected {kind.value} at {primitive}" in (final.error or "")
         failed = [a for a in final.attempts if a.kind is not None]

@@ -1,0 +1,39 @@
+"""Enrolment of a node inside the create activity: the VM row first, then its join token.
+
+The row is written before the cloud is asked for anything, so a crash can never lose track of
+a machine. The token is minted here, stored only as its SHA-256, and travels to the node inside
+InstanceSpec.bootstrap (excluded from serialisation): it never enters an activity result, a
+workflow input or any other part of Temporal history.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from gpuprov.records import Records
+from providers.base import InstanceSpec, NodeBootstrap, Offer
+
+
+class Enrolment:
+    def __init__(self, records: Records, api_url: str, token_ttl: timedelta) -> None:
+        self._records = records
+        self._api_url = api_url
+        self._token_ttl = token_ttl
+
+    def record_and_mint(self, offer: Offer, spec: InstanceSpec) -> InstanceSpec:
+        """Record the VM row (idempotent) and return the spec carrying a fresh join token."""
+        self._records.record_vm(
+            job=spec.job,
+            node_index=spec.node_index,
+            attempt=spec.attempt,
+            vm=spec.vm,
+            provider=offer.provider,
+            region=offer.region,
+            zone=offer.zone,
+        )
+        token = self._records.mint_token(vm=spec.vm, ttl=self._token_ttl)
+        bootstrap = NodeBootstrap(api_url=self._api_url, join_token=token)
+        return spec.model_copy(update={"bootstrap": bootstrap})
+
+    def created(self, vm: str, instance_ids: list[str]) -> None:
+        self._records.set_vm_instances(vm, instance_ids, "created")

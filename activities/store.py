@@ -1,0 +1,192 @@
+"""Database activities: the job's durable records beside Temporal's history.
+
+- reserve_existing_workers: all-or-nothing reservation of idle, compatible existing workers
+  (atomic per worker, so two jobs never get the same one).
+- active_blocks / record_block: blocks shared by every job until they expire.
+- record_cost: the estimate written when an attempt starts (and later actuals).
+- mark_vm: VM row status as teardown confirms it; a terminated VM's worker is revoked.
+- record_orphan: a termination that did not confirm; the reconciler keeps trying.
+- release_job_workers: at a terminal state, existing workers go back to idle and managed
+  workers are revoked.
+Every call runs the synchronous Records method in a thread, off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from pydantic import Field
+from temporalio import activity
+
+from gpuprov.models import Block, BlockScope, ExistingWorker, NodeInstance, WorkerCapabilities
+from gpuprov.records import Records
+from providers.base import Model, PriceQuote, ResourceRequest, compatibility_reasons
+from providers.errors import ErrorKind
+
+
+class ReserveInput(Model):
+    job: str
+    request: ResourceRequest
+    nodes: int
+
+
+class BlockInput(Model):
+    job: str
+    block: Block
+
+
+class CostInput(Model):
+    job: str
+    kind: str = "estimate"
+    quote: PriceQuote
+
+
+class VmStatusInput(Model):
+    vm: str
+    status: str
+
+
+class OrphanInput(Model):
+    node: NodeInstance
+    error: str
+
+
+class ReleaseInput(Model):
+    job: str
+
+
+class ReleasedWorkers(Model):
+    idle: list[str] = Field(default_factory=list)
+    revoked: list[str] = Field(default_factory=list)
+
+
+class StoreActivities:
+    def __init__(self, records: Records, block_ttl: timedelta) -> None:
+        self._records = records
+        self._block_ttl = block_ttl
+
+    def all(self) -> list[Any]:
+        return [
+            self.reserve_existing_workers,
+            self.active_blocks,
+            self.record_block,
+            self.record_cost,
+            self.mark_vm,
+            self.record_orphan,
+            self.release_job_workers,
+        ]
+
+    @activity.defn(name="reserve_existing_workers")
+    async def reserve_existing_workers(self, request: ReserveInput) -> list[ExistingWorker]:
+        return await asyncio.to_thread(self._reserve_all_or_none, request)
+
+    def _reserve_all_or_none(self, request: ReserveInput) -> list[ExistingWorker]:
+        def eligible(worker: Any) -> bool:
+            capabilities = WorkerCapabilities.model_validate(worker.capabilities)
+            shape = capabilities.shape(worker.provider, worker.region)
+            return not compatibility_reasons(shape, request.request)
+
+        reserved = []
+        for _ in range(request.nodes):
+            worker = self._records.reserve_worker(job=request.job, eligible=eligible)
+            if worker is None:
+                break
+            reserved.append(worker)
+        if len(reserved) < request.nodes:
+            for worker in reserved:  # not enough for the whole job: give them back
+                self._records.set_worker_state(worker.id, "idle", None)
+            return []
+        return [
+            ExistingWorker(
+                worker_id=worker.id,
+                label=worker.label,
+                capabilities=WorkerCapabilities.model_validate(worker.capabilities),
+            )
+            for worker in reserved
+        ]
+
+    @activity.defn(name="active_blocks")
+    async def active_blocks(self) -> list[Block]:
+        rows = await asyncio.to_thread(self._records.active_blocks, datetime.now(UTC))
+        return [
+            Block(
+                scope=BlockScope(row.scope),
+                key=row.key,
+                kind=ErrorKind(row.kind),
+                message=row.message,
+            )
+            for row in rows
+        ]
+
+    @activity.defn(name="record_block")
+    async def record_block(self, request: BlockInput) -> None:
+        block = request.block
+        await asyncio.to_thread(
+            lambda: self._records.record_block(
+                scope=block.scope.value,
+                key=block.key,
+                kind=block.kind.value,
+                message=block.message,
+                job=request.job,
+                ttl=self._block_ttl,
+            )
+        )
+
+    @activity.defn(name="record_cost")
+    async def record_cost(self, request: CostInput) -> None:
+        quote = request.quote
+        await asyncio.to_thread(
+            lambda: self._records.record_cost(
+                job=request.job,
+                kind=request.kind,
+                amount=quote.amount,
+                currency=quote.currency,
+                unit=quote.unit,
+                source=quote.source,
+                recorded_at=quote.observed_at,
+            )
+        )
+
+    @activity.defn(name="mark_vm")
+    async def mark_vm(self, request: VmStatusInput) -> None:
+        """Set the VM row's status; a terminated VM's worker is revoked with it."""
+        await asyncio.to_thread(self._mark_vm, request)
+
+    def _mark_vm(self, request: VmStatusInput) -> None:
+        vm = self._records.get_vm(request.vm)
+        if vm is None:  # create never ran for it (the row is written inside create)
+            return
+        self._records.set_vm_status(request.vm, request.status)
+        if request.status != "terminated":
+            return
+        for worker in self._records.workers_for_job(vm.job):
+            if worker.vm == request.vm and worker.state != "revoked":
+                self._records.set_worker_state(worker.id, "revoked", worker.job)
+
+    @activity.defn(name="record_orphan")
+    async def record_orphan(self, request: OrphanInput) -> None:
+        node = request.node
+
+        def record() -> None:
+            if self._records.get_vm(node.vm) is not None:
+                self._records.set_vm_status(node.vm, "orphaned")
+            self._records.record_orphan(
+                provider=node.provider,
+                region=node.region,
+                zone=node.zone,
+                vm=node.vm,
+                instance_ids=node.instance_ids,
+                error=request.error,
+            )
+
+        await asyncio.to_thread(record)
+
+    @activity.defn(name="release_job_workers")
+    async def release_job_workers(self, request: ReleaseInput) -> ReleasedWorkers:
+        rows = await asyncio.to_thread(self._records.release_job_workers, request.job)
+        released = ReleasedWorkers()
+        for row in rows:
+            (released.idle if row.state == "idle" else released.revoked).append(row.id)
+        return released

@@ -1,0 +1,246 @@
+"""The control-plane HTTP API: nodes register here with their single-use join token.
+
+    POST /v1/workers/register  {token, capabilities, identity?}
+    GET  /v1/health
+
+The token is checked by its SHA-256 (unknown, used and expired tokens are 401), used once, and
+bound to one VM row (a managed node) or one reservation label (an existing worker). Identity —
+provider, region, label, job — comes from that record; claims in the body that disagree are
+logged and ignored. A managed node's job learns of it through the `register_worker` Update,
+which carries only the worker id and capabilities; if the job refuses it (409) or cannot be
+reached (503), the database transaction is rolled back, so a rejected request changes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Any, Protocol
+
+import uvicorn
+from fastapi import FastAPI, HTTPException
+from pydantic import Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from gpuprov.models import WorkerCapabilities, WorkerRegistration
+from gpuprov.records import Records, TokenRejected
+from providers.base import Model
+
+log = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 1024
+# The registration's database transaction stays open while the job is asked; bound it.
+UPDATE_TIMEOUT = timedelta(seconds=10)
+TOKEN_ERRORS = {
+    "unknown": "unknown join token",
+    "used": "join token already used",
+    "expired": "join token expired",
+}
+
+
+class IdentityClaims(Model):
+    """What a node says about itself. Never trusted: the token's record decides."""
+
+    provider: str | None = Field(default=None, max_length=64)
+    region: str | None = Field(default=None, max_length=128)
+    label: str | None = Field(default=None, max_length=128)
+    job: str | None = Field(default=None, max_length=128)
+    vm: str | None = Field(default=None, max_length=128)
+
+
+class RegisterRequest(Model):
+    token: str = Field(min_length=16, max_length=256)
+    capabilities: WorkerCapabilities
+    identity: IdentityClaims | None = None
+
+
+class RegisterResponse(Model):
+    worker_id: str
+    origin: str  # managed / existing
+    job: str | None
+    vm: str | None
+    label: str | None
+    provider: str | None
+    region: str | None
+
+
+class RegistrationRefused(Exception):
+    """The job would not take the registration (it moved on, or the node is not its own)."""
+
+
+class RegistrationUnavailable(Exception):
+    """The job could not be asked right now (Temporal unreachable, no worker): retry."""
+
+
+class JobNotifier(Protocol):
+    async def __call__(self, job: str, registration: WorkerRegistration) -> None: ...
+
+
+class BodyLimit:
+    """ASGI middleware: 413 for a body over `limit` bytes, declared or streamed."""
+
+    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            await _too_large(send)
+            return
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:
+                # FastAPI wraps body-reading errors in a 400, but re-raises HTTPException.
+                raise StarletteHTTPException(413, "request body too large")
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+async def _too_large(send: Send) -> None:
+    headers = [(b"content-type", b"text/plain")]
+    await send({"type": "http.response.start", "status": 413, "headers": headers})
+    await send({"type": "http.response.body", "body": b"request body too large"})
+
+
+def create_app(records: Records, notify_job: JobNotifier) -> FastAPI:
+    app = FastAPI(title="gpuprov control plane", version="1")
+    app.add_middleware(BodyLimit)
+
+    @app.get("/v1/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.post("/v1/workers/register", responses={401: {}, 409: {}, 413: {}, 503: {}})
+    async def register(body: RegisterRequest) -> RegisterResponse:
+        return await _register(records, notify_job, body)
+
+    return app
+
+
+async def _register(
+    records: Records, notify_job: JobNotifier, body: RegisterRequest
+) -> RegisterResponse:
+    # The claim commits before the job is asked, so no database lock is held across the
+    # Temporal call (a second node registering meanwhile must not wait on the first). A
+    # refusal then takes the claim back: the database ends as if the request never came.
+    try:
+        claim = await asyncio.to_thread(_claim, records, body)
+    except TokenRejected as rejected:
+        raise HTTPException(401, TOKEN_ERRORS.get(rejected.reason, "invalid token")) from None
+    if claim.vm is not None and claim.job is not None:
+        registration = WorkerRegistration(
+            vm=claim.vm, worker_id=claim.worker_id, capabilities=body.capabilities
+        )
+        try:
+            await _notify(notify_job, claim.job, registration)
+        except HTTPException:
+            digest = Records.hash_token(body.token)
+            await asyncio.to_thread(records.undo_registration, digest, claim.worker_id)
+            raise
+    return claim
+
+
+def _claim(records: Records, body: RegisterRequest) -> RegisterResponse:
+    """Redeem the token and record the worker, in one committed transaction."""
+    with records.db.session() as session:
+        token = records.redeem_token(session, body.token, datetime.now(UTC))
+        vm = records.get_vm(token.vm) if token.vm else None
+        identity: dict[str, Any] = {
+            "provider": vm.provider if vm else None,
+            "region": vm.region if vm else None,
+            "label": token.label,
+            "job": vm.job if vm else None,
+            "vm": token.vm,
+        }
+        _log_disagreeing_claims(body.identity, identity)
+        worker = records.register_worker(
+            session,
+            origin="managed" if vm else "existing",
+            capabilities=body.capabilities.model_dump(mode="json"),
+            state="reserved" if vm else "idle",
+            **identity,
+        )
+        session.commit()
+        return RegisterResponse(
+            worker_id=worker.id, origin="managed" if vm else "existing", **identity
+        )
+
+
+async def _notify(notify_job: JobNotifier, job: str, registration: WorkerRegistration) -> None:
+    try:
+        await notify_job(job, registration)
+    except RegistrationRefused as refused:
+        raise HTTPException(409, f"job {job} refused the registration: {refused}") from None
+    except RegistrationUnavailable as unavailable:
+        raise HTTPException(503, f"job {job} cannot be reached now: {unavailable}") from None
+
+
+def _log_disagreeing_claims(claims: IdentityClaims | None, record: dict[str, Any]) -> None:
+    if claims is None:
+        return
+    for field, claimed in claims.model_dump(exclude_none=True).items():
+        if claimed != record.get(field):
+            log.warning(
+                "ignoring identity claim %s=%r: the token's record says %r",
+                field,
+                claimed,
+                record.get(field),
+            )
+
+
+def temporal_notifier(client: Any) -> Callable[[str, WorkerRegistration], Awaitable[None]]:
+    """Deliver a registration to job-<name> as the `register_worker` Update."""
+    from temporalio.client import (
+        WorkflowUpdateFailedError,
+        WorkflowUpdateRPCTimeoutOrCancelledError,
+    )
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from gpuprov.models import workflow_id_for
+
+    async def notify(job: str, registration: WorkerRegistration) -> None:
+        handle = client.get_workflow_handle(workflow_id_for(job))
+        try:
+            await handle.execute_update("register_worker", registration, rpc_timeout=UPDATE_TIMEOUT)
+        except WorkflowUpdateFailedError as failed:
+            cause = failed.cause
+            raise RegistrationRefused(getattr(cause, "message", str(cause))) from None
+        except RPCError as error:
+            if error.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.FAILED_PRECONDITION):
+                raise RegistrationRefused(error.message) from None
+            raise RegistrationUnavailable(error.message) from None
+        except WorkflowUpdateRPCTimeoutOrCancelledError:
+            raise RegistrationUnavailable("no worker accepted the update in time") from None
+
+    return notify
+
+
+@asynccontextmanager
+async def serving(app: FastAPI, host: str, port: int) -> AsyncIterator[uvicorn.Server]:
+    """Run the API with uvicorn inside the current event loop until the block exits."""
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()  # surfaces a bind error
+            raise RuntimeError(f"the API did not start on {host}:{port}")
+        await asyncio.sleep(0.02)
+    try:
+        yield server
+    finally:
+        server.should_exit = True
+        await task

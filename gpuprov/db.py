@@ -1,0 +1,300 @@
+"""The control plane's database: sqlmodel tables and the engine around them.
+
+SQLite (a file under `.data/`) is the embedded default; PostgreSQL (psycopg 3) is for production.
+Tables are created only by the Alembic migrations in `gpuprov/migrations/` (`Database.upgrade`),
+never by `metadata.create_all`, so a production schema always has a known revision.
+
+Every timestamp is a timezone-aware UTC datetime in Python. PostgreSQL stores `timestamptz`;
+SQLite has no time zones, so `UtcDateTime` stores naive UTC there and re-attaches UTC on read.
+`gpuprov.records.Records` is the only code that reads and writes these tables.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from sqlalchemy.engine import URL, Dialect, Engine, make_url
+from sqlalchemy.orm import registry
+from sqlmodel import Field, Session, SQLModel
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+
+VM_STATUSES = ("recorded", "created", "running", "terminating", "terminated", "orphaned", "kept")
+COST_KINDS = ("estimate", "actual")
+BLOCK_SCOPES = ("offer", "region", "provider")
+WORKER_ORIGINS = ("managed", "existing")
+WORKER_STATES = ("idle", "reserved", "busy", "revoked")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class UtcDateTime(sa.TypeDecorator[datetime]):
+    """A timezone-aware UTC datetime on every dialect; naive datetimes are refused."""
+
+    impl = sa.DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"naive datetime {value!r}: gpuprov stores only aware UTC times")
+        value = value.astimezone(UTC)
+        # SQLite's DATETIME text drops the offset anyway; store naive UTC so it compares as text.
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+# Explicit names everywhere else; primary keys get the same name on SQLite and PostgreSQL.
+_NAMING = {"pk": "pk_%(table_name)s"}
+
+
+def _time(*, nullable: bool = False) -> Any:
+    return Field(sa_column=sa.Column(UtcDateTime(), nullable=nullable))
+
+
+def _json(*, nullable: bool = False) -> Any:
+    return Field(sa_column=sa.Column(sa.JSON(), nullable=nullable))
+
+
+def _text(*, nullable: bool = False) -> Any:
+    return Field(sa_column=sa.Column(sa.Text(), nullable=nullable))
+
+
+class Table(SQLModel, registry=registry(metadata=sa.MetaData(naming_convention=_NAMING))):
+    """Base of gpuprov's tables: its own registry, so `metadata` holds exactly our six tables."""
+
+
+metadata = Table.metadata
+
+
+class VmRecord(Table, table=True):
+    """One instance per node per attempt, recorded *before* the create call."""
+
+    __tablename__ = "vms"
+    __table_args__ = (
+        sa.UniqueConstraint("vm", name="uq_vms_vm"),
+        sa.Index("ix_vms_job", "job"),
+    )
+
+    id: str = Field(default_factory=new_id, primary_key=True)
+    job: str
+    node_index: int
+    attempt: int
+    vm: str  # the VM identity, e.g. "train-a1-n0"; clouds see it as the label gpuprov-<vm>
+    provider: str
+    region: str
+    zone: str | None = None
+    instance_ids: list[str] = _json()
+    status: str  # VM_STATUSES
+    created_at: datetime = _time()
+    terminated_at: datetime | None = _time(nullable=True)
+
+
+class JoinToken(Table, table=True):
+    """A single-use join token: only its SHA-256 is stored, bound to one VM or one label."""
+
+    __tablename__ = "join_tokens"
+    __table_args__ = (
+        sa.UniqueConstraint("token_sha256", name="uq_join_tokens_token_sha256"),
+        sa.ForeignKeyConstraint(["vm"], ["vms.vm"], name="fk_join_tokens_vm_vms"),
+        sa.CheckConstraint("(vm IS NULL) <> (label IS NULL)", name="ck_join_tokens_one_binding"),
+        sa.Index("ix_join_tokens_vm", "vm"),
+        sa.Index("ix_join_tokens_label", "label"),
+    )
+
+    id: str = Field(default_factory=new_id, primary_key=True)
+    token_sha256: str
+    vm: str | None = None  # a managed node's VM row (vms.vm)
+    label: str | None = None  # an existing worker's reservation label
+    expires_at: datetime = _time()
+    used_at: datetime | None = _time(nullable=True)
+    created_at: datetime = _time()
+
+
+class CostRecord(Table, table=True):
+    __tablename__ = "cost_records"
+    __table_args__ = (sa.Index("ix_cost_records_job", "job"),)
+
+    id: str = Field(default_factory=new_id, primary_key=True)
+    job: str
+    kind: str  # COST_KINDS
+    amount: float
+    currency: str
+    unit: str
+    source: str
+    recorded_at: datetime = _time()
+
+
+class BlockRecord(Table, table=True):
+    """An offer, region or provider skipped by every job's plan until `expires_at`."""
+
+    __tablename__ = "blocks"
+    __table_args__ = (
+        sa.UniqueConstraint("scope", "key", name="uq_blocks_scope_key"),
+        sa.Index("ix_blocks_expires_at", "expires_at"),
+    )
+
+    id: str = Field(default_factory=new_id, primary_key=True)
+    scope: str  # BLOCK_SCOPES
+    key: str
+    kind: str  # the ErrorKind value that caused it
+    message: str = _text()
+    job: str
+    created_at: datetime = _time()
+    expires_at: datetime = _time()
+
+
+class WorkerRecord(Table, table=True):
+    __tablename__ = "workers"
+    __table_args__ = (
+        sa.Index("ix_workers_job", "job"),
+        sa.Index("ix_workers_state", "state"),
+    )
+
+    id: str = Field(default_factory=new_id, primary_key=True)
+    origin: str  # WORKER_ORIGINS
+    provider: str | None = None
+    region: str | None = None
+    label: str | None = None  # reservation label
+    vm: str | None = None
+    capabilities: dict[str, Any] = _json()
+    state: str  # WORKER_STATES
+    job: str | None = None
+    registered_at: datetime = _time()
+    updated_at: datetime = _time()
+
+
+class OrphanRecord(Table, table=True):
+    """A machine whose termination failed; the reconciler keeps trying until it is resolved."""
+
+    __tablename__ = "orphans"
+    __table_args__ = (
+        sa.Index("ix_orphans_vm", "vm"),
+        # At most one unresolved row per VM, even when two processes record it at once.
+        sa.Index(
+            "uq_orphans_open_vm",
+            "vm",
+            unique=True,
+            sqlite_where=sa.text("resolved_at IS NULL"),
+            postgresql_where=sa.text("resolved_at IS NULL"),
+        ),
+    )
+
+    id: str = Field(default_factory=new_id, primary_key=True)
+    provider: str
+    region: str
+    zone: str | None = None
+    vm: str
+    instance_ids: list[str] = _json()
+    first_seen: datetime = _time()
+    last_seen: datetime = _time()
+    last_error: str = _text()
+    attempts: int
+    resolved_at: datetime | None = _time(nullable=True)
+
+
+TABLES = tuple(metadata.sorted_tables)
+
+# Alembic keeps the running migration in module globals (`alembic.context`, `alembic.op`), so
+# two threads of one process must not migrate at once; processes are kept apart by env.py's lock.
+_ALEMBIC_LOCK = threading.Lock()
+
+
+def _normalize_url(url: str) -> URL:
+    parsed = make_url(url)
+    # Only psycopg 3 is installed: plain postgresql:// would ask SQLAlchemy for psycopg2.
+    if parsed.drivername in ("postgres", "postgresql"):
+        parsed = parsed.set(drivername="postgresql+psycopg")
+    return parsed
+
+
+def _sqlite_engine(url: URL) -> Engine:
+    options: dict[str, Any] = {"connect_args": {"check_same_thread": False}}
+    if not url.database or url.database == ":memory:":
+        # One in-memory database only exists per connection: share that one connection.
+        options["poolclass"] = sa.StaticPool
+    elif not url.database.startswith("file:"):
+        Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    engine = sa.create_engine(url, **options)
+
+    @sa.event.listens_for(engine, "connect")
+    def _pragmas(dbapi_connection: Any, _record: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        # WAL lets readers run beside the one writer; busy_timeout makes a second writer wait
+        # for the lock instead of failing at once with "database is locked".
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    return engine
+
+
+class Database:
+    """One engine per process; `upgrade()` once at start-up, then `session()` per unit of work."""
+
+    def __init__(self, url: str) -> None:
+        self.url = _normalize_url(url)
+        if self.url.get_backend_name() == "sqlite":
+            self.engine = _sqlite_engine(self.url)
+        else:
+            self.engine = sa.create_engine(self.url, pool_pre_ping=True)
+
+    @property
+    def dialect(self) -> str:
+        return self.engine.dialect.name
+
+    def session(self) -> Session:
+        """A new session; objects stay readable after commit and after the session closes."""
+        return Session(self.engine, expire_on_commit=False)
+
+    def upgrade(self, revision: str = "head") -> None:
+        """Run the Alembic migrations up to `revision`; a no-op when already there.
+
+        Safe to call from several processes at once: the migration takes a database-wide lock
+        first (an advisory lock on PostgreSQL, BEGIN IMMEDIATE on SQLite).
+        """
+        with _ALEMBIC_LOCK, self.engine.connect() as connection:
+            command.upgrade(alembic_config(connection), revision)
+            connection.commit()
+
+    def downgrade(self, revision: str) -> None:
+        with _ALEMBIC_LOCK, self.engine.connect() as connection:
+            command.downgrade(alembic_config(connection), revision)
+            connection.commit()
+
+    def current_revision(self) -> str | None:
+        with self.engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def alembic_config(connection: sa.Connection | None = None) -> Config:
+    """Alembic's configuration, built in code: no alembic.ini needed at the repository root."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("path_separator", "os")
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config

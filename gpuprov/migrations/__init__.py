@@ -1,0 +1,1 @@
+"""Alembic migrations for gpuprov's database; run them with `Database.upgrade()`."""

@@ -1,0 +1,517 @@
+"""Every read and write of gpuprov's database: VM rows, join tokens, costs, blocks, workers,
+orphans.
+
+Methods are synchronous (async callers wrap them in `asyncio.to_thread`). Each one is its own
+transaction unless it takes a `session`, in which case it works inside the caller's transaction
+and the caller commits. Returned rows are detached: read them freely after the call.
+
+Races are settled by the database, not by Python: a claim is a conditional UPDATE
+(`... WHERE state = 'idle'`, `... WHERE used_at IS NULL`) and whoever's UPDATE hits the row wins;
+an upsert is "UPDATE, else INSERT, and on a unique-constraint clash UPDATE again". That holds
+across threads and across processes, on SQLite (one writer at a time, WAL + busy_timeout) and on
+PostgreSQL (row locks; READ COMMITTED re-checks the WHERE after waiting).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, col, select
+
+from gpuprov.db import (
+    BLOCK_SCOPES,
+    COST_KINDS,
+    VM_STATUSES,
+    WORKER_ORIGINS,
+    WORKER_STATES,
+    BlockRecord,
+    CostRecord,
+    Database,
+    JoinToken,
+    OrphanRecord,
+    UtcDateTime,
+    VmRecord,
+    WorkerRecord,
+    utcnow,
+)
+from providers.errors import ErrorKind
+
+TokenRejection = Literal["unknown", "used", "expired"]
+
+# Upserts retry when a concurrent insert of the same key wins; two rounds always suffice
+# (the second UPDATE finds the winner's row), the third is slack.
+_UPSERT_ROUNDS = 3
+
+
+class TokenRejected(Exception):
+    """A join token that cannot be redeemed; `reason` is "unknown", "used" or "expired"."""
+
+    def __init__(self, reason: TokenRejection) -> None:
+        super().__init__(f"join token rejected: {reason}")
+        self.reason: TokenRejection = reason
+
+
+def _check(value: str, allowed: Sequence[str], what: str) -> str:
+    if value not in allowed:
+        raise ValueError(f"unknown {what} {value!r} (expected one of {', '.join(allowed)})")
+    return value
+
+
+def _aware(moment: datetime, what: str) -> datetime:
+    if moment.tzinfo is None:
+        raise ValueError(f"{what} must be timezone-aware (UTC), got {moment!r}")
+    return moment
+
+
+def _positive(ttl: timedelta) -> timedelta:
+    if ttl <= timedelta(0):
+        raise ValueError(f"ttl must be positive, got {ttl}")
+    return ttl
+
+
+def _time(moment: datetime) -> Any:
+    """A bound timestamp for SQL expressions that do not take their type from a column."""
+    return sa.literal(moment, UtcDateTime())
+
+
+def _update(entity: type[Any]) -> sa.Update:
+    # The session never holds a stale copy we care about: each method re-reads after writing.
+    return sa.update(entity).execution_options(synchronize_session=False)
+
+
+class Records:
+    def __init__(self, db: Database) -> None:
+        self.db = db  # public: callers open sessions for redeem_token / register_worker
+
+    # ------------------------------------------------------------------ VMs
+
+    def record_vm(
+        self,
+        *,
+        job: str,
+        node_index: int,
+        attempt: int,
+        vm: str,
+        provider: str,
+        region: str,
+        zone: str | None,
+    ) -> VmRecord:
+        """Record a VM before its create call; a second call for the same `vm` returns the
+        existing row unchanged (an activity retry), unless it belongs to another job."""
+        row = VmRecord(
+            job=job,
+            node_index=node_index,
+            attempt=attempt,
+            vm=vm,
+            provider=provider,
+            region=region,
+            zone=zone,
+            instance_ids=[],
+            status="recorded",
+            created_at=utcnow(),
+        )
+        existing = self.get_vm(vm)
+        if existing is None:
+            try:
+                with self.db.session() as session:
+                    session.add(row)
+                    session.commit()
+                return row
+            except IntegrityError:
+                existing = self.get_vm(vm)
+                if existing is None:
+                    raise
+        if existing.job != job:
+            raise ValueError(f"VM {vm!r} is already recorded for job {existing.job!r}")
+        return existing
+
+    def set_vm_instances(self, vm: str, instance_ids: list[str], status: str) -> None:
+        _check(status, VM_STATUSES, "VM status")
+        values: dict[str, Any] = {"instance_ids": list(instance_ids), "status": status}
+        self._update_vm(vm, values)
+
+    def set_vm_status(self, vm: str, status: str) -> None:
+        """Set the status; "terminated" also stamps terminated_at (once: a repeat keeps it)."""
+        _check(status, VM_STATUSES, "VM status")
+        values: dict[str, Any] = {"status": status}
+        if status == "terminated":
+            values["terminated_at"] = sa.func.coalesce(VmRecord.terminated_at, _time(utcnow()))
+        self._update_vm(vm, values)
+
+    def _update_vm(self, vm: str, values: dict[str, Any]) -> None:
+        with self.db.session() as session:
+            result = session.exec(_update(VmRecord).where(col(VmRecord.vm) == vm).values(values))
+            if result.rowcount == 0:
+                raise KeyError(f"no VM record {vm!r}")
+            session.commit()
+
+    def get_vm(self, vm: str) -> VmRecord | None:
+        with self.db.session() as session:
+            return session.exec(select(VmRecord).where(VmRecord.vm == vm)).first()
+
+    def vms_for_job(self, job: str) -> list[VmRecord]:
+        with self.db.session() as session:
+            query = (
+                select(VmRecord)
+                .where(VmRecord.job == job)
+                .order_by(col(VmRecord.attempt), col(VmRecord.node_index))
+            )
+            return list(session.exec(query).all())
+
+    # ------------------------------------------------------------------ join tokens
+
+    @staticmethod
+    def hash_token(plaintext: str) -> str:
+        return hashlib.sha256(plaintext.encode()).hexdigest()
+
+    def mint_token(self, *, vm: str | None = None, label: str | None = None, ttl: timedelta) -> str:
+        """A fresh single-use token bound to a recorded VM or to an existing-worker label.
+
+        Only its SHA-256 is stored; the plaintext is returned once and never again. Earlier
+        unused tokens for the same VM or label are deleted, so only the newest one works.
+        """
+        if (vm is None) == (label is None):
+            raise ValueError("a join token is bound to exactly one of vm or label")
+        _positive(ttl)
+        plaintext = secrets.token_urlsafe(32)
+        now = utcnow()
+        binding = col(JoinToken.vm) == vm if vm is not None else col(JoinToken.label) == label
+        with self.db.session() as session:
+            known = select(VmRecord.id).where(VmRecord.vm == vm)
+            if vm is not None and session.exec(known).first() is None:
+                raise KeyError(f"no VM record {vm!r}: record the VM before minting its token")
+            session.exec(sa.delete(JoinToken).where(binding, col(JoinToken.used_at).is_(None)))
+            session.add(
+                JoinToken(
+                    token_sha256=self.hash_token(plaintext),
+                    vm=vm,
+                    label=label,
+                    expires_at=now + ttl,
+                    created_at=now,
+                )
+            )
+            session.commit()
+        return plaintext
+
+    def redeem_token(self, session: Session, plaintext: str, now: datetime) -> JoinToken:
+        """Mark the token used inside the caller's transaction and return its row.
+
+        The claim is one conditional UPDATE, the first statement this method runs, so of two
+        concurrent redeems exactly one changes the row. A rejected token raises TokenRejected
+        and changes nothing.
+        """
+        _aware(now, "now")
+        digest = self.hash_token(plaintext)
+        claimed = session.exec(
+            _update(JoinToken)
+            .where(
+                col(JoinToken.token_sha256) == digest,
+                col(JoinToken.used_at).is_(None),
+                col(JoinToken.expires_at) > now,
+            )
+            .values(used_at=now)
+        ).rowcount
+        token = session.exec(
+            select(JoinToken)
+            .where(JoinToken.token_sha256 == digest)
+            .execution_options(populate_existing=True)
+        ).first()
+        if claimed == 1 and token is not None:
+            return token
+        if token is None:
+            raise TokenRejected("unknown")
+        if token.used_at is None and token.expires_at <= now:
+            raise TokenRejected("expired")
+        raise TokenRejected("used")
+
+    # ------------------------------------------------------------------ costs
+
+    def record_cost(
+        self,
+        *,
+        job: str,
+        kind: str,
+        amount: float,
+        currency: str,
+        unit: str,
+        source: str,
+        recorded_at: datetime | None = None,
+    ) -> CostRecord:
+        row = CostRecord(
+            job=job,
+            kind=_check(kind, COST_KINDS, "cost kind"),
+            amount=amount,
+            currency=currency,
+            unit=unit,
+            source=source,
+            recorded_at=utcnow() if recorded_at is None else _aware(recorded_at, "recorded_at"),
+        )
+        with self.db.session() as session:
+            session.add(row)
+            session.commit()
+        return row
+
+    def costs(self, job: str) -> list[CostRecord]:
+        with self.db.session() as session:
+            query = (
+                select(CostRecord)
+                .where(CostRecord.job == job)
+                .order_by(col(CostRecord.recorded_at), col(CostRecord.id))
+            )
+            return list(session.exec(query).all())
+
+    # ------------------------------------------------------------------ blocks
+
+    def record_block(
+        self, *, scope: str, key: str, kind: str, message: str, job: str, ttl: timedelta
+    ) -> BlockRecord:
+        """Block (scope, key) for every job until now + ttl.
+
+        A block that already exists takes the new error's kind, message and job, and its expiry
+        only ever moves later; one that had expired starts over (created_at = now).
+        """
+        _check(scope, BLOCK_SCOPES, "block scope")
+        kind = ErrorKind(kind).value
+        now = utcnow()
+        expires_at = now + _positive(ttl)
+        where = (col(BlockRecord.scope) == scope, col(BlockRecord.key) == key)
+        refresh = {
+            "kind": kind,
+            "message": message,
+            "job": job,
+            "created_at": sa.case(
+                (col(BlockRecord.expires_at) <= now, _time(now)), else_=BlockRecord.created_at
+            ),
+            "expires_at": sa.case(
+                (col(BlockRecord.expires_at) > expires_at, BlockRecord.expires_at),
+                else_=_time(expires_at),
+            ),
+        }
+        fresh = BlockRecord(
+            scope=scope,
+            key=key,
+            kind=kind,
+            message=message,
+            job=job,
+            created_at=now,
+            expires_at=expires_at,
+        )
+        self._upsert(_update(BlockRecord).where(*where).values(refresh), fresh)
+        with self.db.session() as session:
+            return session.exec(select(BlockRecord).where(*where)).one()
+
+    def active_blocks(self, now: datetime) -> list[BlockRecord]:
+        _aware(now, "now")
+        with self.db.session() as session:
+            query = (
+                select(BlockRecord)
+                .where(col(BlockRecord.expires_at) > now)
+                .order_by(col(BlockRecord.scope), col(BlockRecord.key))
+            )
+            return list(session.exec(query).all())
+
+    def _upsert(self, update: sa.Update, fresh: Any) -> None:
+        """UPDATE the row if it exists, else INSERT `fresh`; a racing INSERT means UPDATE."""
+        for _ in range(_UPSERT_ROUNDS):
+            with self.db.session() as session:
+                if session.exec(update).rowcount > 0:
+                    session.commit()
+                    return
+                session.add(fresh)
+                try:
+                    session.commit()
+                    return
+                except IntegrityError:
+                    session.rollback()
+                    session.expunge_all()
+        raise RuntimeError(f"upsert of {type(fresh).__name__} kept colliding")
+
+    # ------------------------------------------------------------------ workers
+
+    def register_worker(
+        self,
+        session: Session,
+        *,
+        origin: str,
+        provider: str | None,
+        region: str | None,
+        label: str | None,
+        vm: str | None,
+        job: str | None,
+        capabilities: dict[str, Any],
+        state: str,
+    ) -> WorkerRecord:
+        """Add a worker row to the caller's transaction (flushed, not committed)."""
+        now = utcnow()
+        row = WorkerRecord(
+            origin=_check(origin, WORKER_ORIGINS, "worker origin"),
+            provider=provider,
+            region=region,
+            label=label,
+            vm=vm,
+            capabilities=dict(capabilities),
+            state=_check(state, WORKER_STATES, "worker state"),
+            job=job,
+            registered_at=now,
+            updated_at=now,
+        )
+        session.add(row)
+        session.flush()
+        return row
+
+    def undo_registration(self, token_sha256: str, worker_id: str) -> None:
+        """Take back a committed registration the job refused: the token is unused again and
+        the worker row is gone, as if the request had never arrived."""
+        with self.db.session() as session:
+            session.exec(
+                _update(JoinToken)
+                .where(col(JoinToken.token_sha256) == token_sha256)
+                .values(used_at=None)
+            )
+            session.exec(sa.delete(WorkerRecord).where(col(WorkerRecord.id) == worker_id))
+            session.commit()
+
+    def reserve_worker(
+        self, *, job: str, eligible: Callable[[WorkerRecord], bool]
+    ) -> WorkerRecord | None:
+        """Reserve the oldest idle existing worker that `eligible` accepts, or return None.
+
+        Each claim is `UPDATE ... WHERE id = ? AND state = 'idle'`: when another job got there
+        first it changes nothing and the next candidate is tried.
+        """
+        with self.db.session() as session:
+            query = (
+                select(WorkerRecord)
+                .where(WorkerRecord.state == "idle", WorkerRecord.origin == "existing")
+                .order_by(col(WorkerRecord.registered_at), col(WorkerRecord.id))
+            )
+            candidates = list(session.exec(query).all())
+        for candidate in candidates:
+            if not eligible(candidate):
+                continue
+            with self.db.session() as session:
+                claim = (
+                    _update(WorkerRecord)
+                    .where(col(WorkerRecord.id) == candidate.id, col(WorkerRecord.state) == "idle")
+                    .values(state="reserved", job=job, updated_at=utcnow())
+                )
+                if session.exec(claim).rowcount == 1:
+                    session.commit()
+                    return session.get(WorkerRecord, candidate.id, populate_existing=True)
+                session.rollback()
+        return None
+
+    def set_worker_state(self, worker_id: str, state: str, job: str | None) -> None:
+        _check(state, WORKER_STATES, "worker state")
+        with self.db.session() as session:
+            result = session.exec(
+                _update(WorkerRecord)
+                .where(col(WorkerRecord.id) == worker_id)
+                .values(state=state, job=job, updated_at=utcnow())
+            )
+            if result.rowcount == 0:
+                raise KeyError(f"no worker {worker_id!r}")
+            session.commit()
+
+    def get_worker(self, worker_id: str) -> WorkerRecord | None:
+        with self.db.session() as session:
+            return session.get(WorkerRecord, worker_id)
+
+    def workers_for_job(self, job: str) -> list[WorkerRecord]:
+        with self.db.session() as session:
+            query = (
+                select(WorkerRecord)
+                .where(WorkerRecord.job == job)
+                .order_by(col(WorkerRecord.registered_at), col(WorkerRecord.id))
+            )
+            return list(session.exec(query).all())
+
+    def release_job_workers(self, job: str) -> list[WorkerRecord]:
+        """The job's existing workers go back to idle; its managed workers are revoked (they
+        keep the job for the record). Returns the rows that changed; a repeat returns []."""
+        now = utcnow()
+        of_job = (col(WorkerRecord.job) == job, col(WorkerRecord.state) != "revoked")
+        with self.db.session() as session:
+            changed: list[WorkerRecord] = []
+            for origin, values in (
+                ("existing", {"state": "idle", "job": None, "updated_at": now}),
+                ("managed", {"state": "revoked", "updated_at": now}),
+            ):
+                update = (
+                    sa.update(WorkerRecord)
+                    .where(*of_job, col(WorkerRecord.origin) == origin)
+                    .values(values)
+                    .returning(WorkerRecord)
+                    .execution_options(synchronize_session=False, populate_existing=True)
+                )
+                changed.extend(session.exec(update).scalars().all())
+            session.commit()
+        return sorted(changed, key=lambda worker: (worker.registered_at, worker.id))
+
+    # ------------------------------------------------------------------ orphans
+
+    def record_orphan(
+        self,
+        *,
+        provider: str,
+        region: str,
+        zone: str | None,
+        vm: str,
+        instance_ids: list[str],
+        error: str,
+    ) -> OrphanRecord:
+        """Record a machine whose termination failed; while it is unresolved, a repeat bumps
+        attempts and refreshes last_seen, last_error and instance_ids."""
+        now = utcnow()
+        where = (col(OrphanRecord.vm) == vm, col(OrphanRecord.resolved_at).is_(None))
+        update = (
+            _update(OrphanRecord)
+            .where(*where)
+            .values(
+                provider=provider,
+                region=region,
+                zone=zone,
+                instance_ids=list(instance_ids),
+                last_seen=now,
+                last_error=error,
+                attempts=OrphanRecord.attempts + 1,
+            )
+        )
+        fresh = OrphanRecord(
+            provider=provider,
+            region=region,
+            zone=zone,
+            vm=vm,
+            instance_ids=list(instance_ids),
+            first_seen=now,
+            last_seen=now,
+            last_error=error,
+            attempts=1,
+        )
+        self._upsert(update, fresh)
+        with self.db.session() as session:
+            return session.exec(select(OrphanRecord).where(*where)).one()
+
+    def resolve_orphan(self, vm: str) -> None:
+        with self.db.session() as session:
+            session.exec(
+                _update(OrphanRecord)
+                .where(col(OrphanRecord.vm) == vm, col(OrphanRecord.resolved_at).is_(None))
+                .values(resolved_at=utcnow())
+            )
+            session.commit()
+
+    def open_orphans(self) -> list[OrphanRecord]:
+        with self.db.session() as session:
+            query = (
+                select(OrphanRecord)
+                .where(col(OrphanRecord.resolved_at).is_(None))
+                .order_by(col(OrphanRecord.first_seen), col(OrphanRecord.id))
+            )
+            return list(session.exec(query).all())

@@ -1,0 +1,62 @@
+"""The fake cloud's simulated node agent: what a booted machine's agent would report, sent
+through the real control-plane API with the real join token from the instance's bootstrap."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import httpx
+
+from gpuprov.config import FakeInstanceType
+from gpuprov.models import GpuInfo, WorkerCapabilities
+
+log = logging.getLogger(__name__)
+
+RUNTIME_MISMATCH = "Failed to initialize NVML: Driver/library version mismatch"
+RETRY_PAUSE = 1.0
+MAX_TRIES = 30
+
+
+def simulated_capabilities(
+    instance_type: FakeInstanceType, runtime_broken: bool
+) -> WorkerCapabilities:
+    memory_mb = int(instance_type.gpu_memory_gb * 1024) if instance_type.gpu_memory_gb else None
+    gpus = [
+        GpuInfo(name=f"NVIDIA {instance_type.gpu}", memory_mb=memory_mb, driver_version="550.54.15")
+        for _ in range(instance_type.gpu_count if instance_type.gpu else 0)
+    ]
+    return WorkerCapabilities(
+        gpus=gpus,
+        driver_version="550.54.15" if gpus else None,
+        cuda_version="12.4" if gpus else None,
+        cpu_count=instance_type.vcpus,
+        memory_gb=instance_type.memory_gb,
+        disk_gb=instance_type.disk_gb,
+        gpu_runtime_ok=bool(gpus) and not runtime_broken,
+        gpu_runtime_error=RUNTIME_MISMATCH if runtime_broken else None,
+        agent_version="fake-agent",
+    )
+
+
+async def register(api_url: str, token: str, capabilities: WorkerCapabilities) -> bool:
+    """POST /v1/workers/register until accepted (True) or refused for good (False).
+
+    Any 4xx is final (a bad, used or expired token, or a job that refused the node: 409);
+    5xx and connection errors are retried, as gpuprov.agent does.
+    """
+    body = {"token": token, "capabilities": capabilities.model_dump(mode="json")}
+    async with httpx.AsyncClient(base_url=api_url, timeout=30) as http:
+        for _ in range(MAX_TRIES):
+            try:
+                response = await http.post("/v1/workers/register", json=body)
+            except httpx.HTTPError as error:
+                log.info("fake agent: API unreachable (%s), retrying", error)
+            else:
+                if response.status_code == 200:
+                    return True
+                if response.status_code < 500:
+                    log.warning("fake agent: registration refused: %s", response.text)
+                    return False
+            await asyncio.sleep(RETRY_PAUSE)
+    return False

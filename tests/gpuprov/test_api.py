@@ -1,0 +1,596 @@
+"""The control-plane API over HTTP (httpx's ASGI transport, no sockets), on SQLite and on
+PostgreSQL 15 (the `records` fixture). Every rejected request must leave the database exactly as
+it was: `snapshot` reads every row of every table before and after."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import pytest
+import sqlalchemy as sa
+from fastapi import FastAPI
+
+from gpuprov.api import (
+    MAX_BODY_BYTES,
+    RegistrationRefused,
+    RegistrationUnavailable,
+    create_app,
+)
+from gpuprov.db import JoinToken, utcnow
+from gpuprov.models import WorkerCapabilities, WorkerRegistration
+from gpuprov.records import Records
+
+REGISTER = "/v1/workers/register"
+TABLES = {"vms", "join_tokens", "cost_records", "blocks", "workers", "orphans"}
+JOB = "job1"
+VM = "job1-a1-n0"
+LABEL = "box-1"
+TTL = timedelta(minutes=5)
+
+CAPABILITIES: dict[str, Any] = {
+    "gpus": [
+        {
+            "name": "NVIDIA H100 80GB HBM3",
+            "memory_mb": 81559,
+            "driver_version": "550.54.15",
+            "uuid": f"GPU-5c1b7e3a-9f0d-4c1e-8a7b-2d3e4f5a6b{index:02d}",
+        }
+        for index in range(8)
+    ],
+    "driver_version": "550.54.15",
+    "cuda_version": "12.4",
+    "cpu_count": 208,
+    "memory_gb": 1843.2,
+    "disk_gb": 26000.0,
+    "gpu_runtime_ok": True,
+    "gpu_runtime_error": None,
+    "agent_version": "gpuprov-agent/0.1.0",
+}
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+class RecordingNotifier:
+    """gpuprov's JobNotifier: records every call, then accepts, refuses or is unreachable."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, WorkerRegistration]] = []
+        self.mode = "accept"  # accept / refuse / unavailable
+        self.delay = 0.0
+
+    async def __call__(self, job: str, registration: WorkerRegistration) -> None:
+        self.calls.append((job, registration))
+        if self.delay:
+            await asyncio.sleep(self.delay)
+        if self.mode == "refuse":
+            raise RegistrationRefused("the job has moved on")
+        if self.mode == "unavailable":
+            raise RegistrationUnavailable("temporal is unreachable")
+
+
+def snapshot(records: Records) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table (reflected, so nothing is missed), in a stable order."""
+    reflected = sa.MetaData()
+    reflected.reflect(records.db.engine)
+    assert set(reflected.tables) >= TABLES, sorted(reflected.tables)
+    with records.db.session() as session:
+        return {
+            table.name: sorted((tuple(row) for row in session.execute(sa.select(table))), key=repr)
+            for table in reflected.sorted_tables
+        }
+
+
+def record_vm(records: Records, vm: str = VM, job: str = JOB) -> None:
+    records.record_vm(
+        job=job, node_index=0, attempt=1, vm=vm, provider="fake", region="r1", zone=None
+    )
+
+
+def vm_token(records: Records, vm: str = VM, job: str = JOB, ttl: timedelta = TTL) -> str:
+    record_vm(records, vm=vm, job=job)
+    return records.mint_token(vm=vm, ttl=ttl)
+
+
+def body(token: str, **extra: Any) -> dict[str, Any]:
+    return {"token": token, "capabilities": CAPABILITIES, **extra}
+
+
+def worker_rows(records: Records) -> list[dict[str, Any]]:
+    with records.db.session() as session:
+        return [dict(row._mapping) for row in session.execute(sa.text("SELECT * FROM workers"))]
+
+
+@pytest.fixture
+def notifier() -> RecordingNotifier:
+    return RecordingNotifier()
+
+
+@pytest.fixture
+def app(records: Records, notifier: RecordingNotifier) -> FastAPI:
+    return create_app(records, notifier)
+
+
+@pytest.fixture
+async def api(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
+        yield client
+
+
+async def rejected(
+    api: httpx.AsyncClient, records: Records, status: int, **request: Any
+) -> httpx.Response:
+    """POST to the register endpoint; assert `status` and that the database did not change."""
+    before = snapshot(records)
+    response = await api.post(REGISTER, **request)
+    assert response.status_code == status, response.text
+    assert snapshot(records) == before, "a rejected request must change nothing in the database"
+    return response
+
+
+# ---------------------------------------------------------------------------- happy paths
+
+
+async def test_managed_node_registers_with_its_vm_token(
+    api: httpx.AsyncClient, records: Records, notifier: RecordingNotifier
+):
+    token = vm_token(records)
+
+    response = await api.post(REGISTER, json=body(token))
+
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    worker_id = answer.pop("worker_id")
+    assert answer == {
+        "origin": "managed",
+        "job": JOB,
+        "vm": VM,
+        "label": None,
+        "provider": "fake",
+        "region": "r1",
+    }
+    [worker] = worker_rows(records)
+    assert worker["id"] == worker_id
+    assert (worker["origin"], worker["state"], worker["job"], worker["vm"]) == (
+        "managed",
+        "reserved",
+        JOB,
+        VM,
+    )
+    assert (worker["provider"], worker["region"], worker["label"]) == ("fake", "r1", None)
+    stored = worker["capabilities"]
+    stored = json.loads(stored) if isinstance(stored, str) else stored
+    assert stored == WorkerCapabilities.model_validate(CAPABILITIES).model_dump(mode="json")
+
+    with records.db.session() as session:
+        [used] = session.execute(sa.select(JoinToken)).scalars().all()
+    assert used.used_at is not None
+
+    # The job heard exactly once: the VM, the worker id and the capabilities, nothing more.
+    assert notifier.calls == [
+        (
+            JOB,
+            WorkerRegistration(
+                vm=VM,
+                worker_id=worker_id,
+                capabilities=WorkerCapabilities.model_validate(CAPABILITIES),
+            ),
+        )
+    ]
+    job, registration = notifier.calls[0]
+    assert type(registration) is WorkerRegistration
+    assert set(registration.model_dump()) == {"vm", "worker_id", "capabilities"}
+    heard = json.dumps([job, registration.model_dump(mode="json")])
+    assert token not in heard
+    assert Records.hash_token(token) not in heard
+    assert token not in response.text
+
+
+async def test_existing_worker_registers_with_a_label_token(
+    api: httpx.AsyncClient, records: Records, notifier: RecordingNotifier
+):
+    token = records.mint_token(label=LABEL, ttl=TTL)
+
+    response = await api.post(REGISTER, json=body(token))
+
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    worker_id = answer.pop("worker_id")
+    assert answer == {
+        "origin": "existing",
+        "job": None,
+        "vm": None,
+        "label": LABEL,
+        "provider": None,
+        "region": None,
+    }
+    [worker] = worker_rows(records)
+    assert worker["id"] == worker_id
+    assert (worker["origin"], worker["state"], worker["label"]) == ("existing", "idle", LABEL)
+    assert (worker["job"], worker["vm"]) == (None, None)
+    assert notifier.calls == []
+
+
+async def test_health_and_openapi(api: httpx.AsyncClient):
+    health = await api.get("/v1/health")
+    assert health.status_code == 200
+    assert health.json() == {"status": "ok"}
+
+    schema = await api.get("/openapi.json")
+    assert schema.status_code == 200
+    assert "post" in schema.json()["paths"][REGISTER]
+
+
+# ---------------------------------------------------------------------------- tokens
+
+
+async def test_a_token_is_used_once(
+    api: httpx.AsyncClient, records: Records, notifier: RecordingNotifier
+):
+    token = vm_token(records)
+    first = await api.post(REGISTER, json=body(token))
+    assert first.status_code == 200, first.text
+
+    again = await rejected(api, records, 401, json=body(token))
+
+    assert again.json()["detail"] == "join token already used"
+    assert len(worker_rows(records)) == 1
+    assert len(notifier.calls) == 1
+
+
+async def test_an_unknown_token_is_rejected(
+    api: httpx.AsyncClient, records: Records, notifier: RecordingNotifier
+):
+    vm_token(records)  # a real token exists, just not this one
+    stranger = secrets.token_urlsafe(32)
+
+    response = await rejected(api, records, 401, json=body(stranger))
+
+    assert response.json()["detail"] == "unknown join token"
+    assert stranger not in response.text
+    assert notifier.calls == []
+
+
+async def test_a_superseded_token_is_unknown(api: httpx.AsyncClient, records: Records):
+    old = vm_token(records)
+    new = records.mint_token(vm=VM, ttl=TTL)  # minting again invalidates the unused old one
+
+    response = await rejected(api, records, 401, json=body(old))
+
+    assert response.json()["detail"] == "unknown join token"
+    assert (await api.post(REGISTER, json=body(new))).status_code == 200
+
+
+@pytest.mark.parametrize("binding", ["vm", "label"])
+async def test_an_expired_token_is_rejected(
+    api: httpx.AsyncClient, records: Records, notifier: RecordingNotifier, binding: str
+):
+    token = vm_token(records) if binding == "vm" else records.mint_token(label=LABEL, ttl=TTL)
+    with records.db.session() as session:
+        session.execute(sa.update(JoinToken).values(expires_at=utcnow() - timedelta(seconds=1)))
+        session.commit()
+
+    response = await rejected(api, records, 401, json=body(token))
+
+    assert response.json()["detail"] == "join token expired"
+    assert notifier.calls == []
+
+
+async def test_a_token_expires_by_the_clock(api: httpx.AsyncClient, records: Records):
+    token = vm_token(records, ttl=timedelta(seconds=1))
+    await asyncio.sleep(1.1)
+
+    response = await rejected(api, records, 401, json=body(token))
+
+    assert response.json()["detail"] == "join token expired"
+
+
+# ---------------------------------------------------------------------------- identity
+
+
+async def test_forged_identity_claims_are_ignored_and_logged(
+    api: httpx.AsyncClient,
+    records: Records,
+    notifier: RecordingNotifier,
+    caplog: pytest.LogCaptureFixture,
+):
+    token = vm_token(records)
+    record_vm(records, vm="other-a1-n0", job="other")  # a real VM of another job
+    claims = {
+        "provider": "aws",
+        "region": "us-west-2",
+        "job": "other",
+        "vm": "other-a1-n0",
+        "label": "x",
+    }
+
+    with caplog.at_level(logging.WARNING, logger="gpuprov.api"):
+        response = await api.post(REGISTER, json=body(token, identity=claims))
+
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert {key: answer[key] for key in ("provider", "region", "job", "vm", "label")} == {
+        "provider": "fake",
+        "region": "r1",
+        "job": JOB,
+        "vm": VM,
+        "label": None,
+    }
+    [worker] = worker_rows(records)
+    assert (worker["provider"], worker["region"], worker["job"], worker["vm"]) == (
+        "fake",
+        "r1",
+        JOB,
+        VM,
+    )
+    assert worker["label"] is None
+    [(job, registration)] = notifier.calls
+    assert (job, registration.vm) == (JOB, VM)
+
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    for field, claimed in claims.items():
+        assert any(f"{field}={claimed!r}" in message for message in warnings), (field, warnings)
+    assert len(warnings) == len(claims)
+    assert token not in caplog.text
+
+
+async def test_matching_identity_claims_are_not_logged(
+    api: httpx.AsyncClient, records: Records, caplog: pytest.LogCaptureFixture
+):
+    token = vm_token(records)
+    claims = {"provider": "fake", "region": "r1", "job": JOB, "vm": VM}
+
+    with caplog.at_level(logging.WARNING, logger="gpuprov.api"):
+        response = await api.post(REGISTER, json=body(token, identity=claims))
+
+    assert response.status_code == 200, response.text
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+
+
+async def test_a_label_token_claiming_a_job_stays_an_idle_existing_worker(
+    api: httpx.AsyncClient,
+    records: Records,
+    notifier: RecordingNotifier,
+    caplog: pytest.LogCaptureFixture,
+):
+    record_vm(records)
+    token = records.mint_token(label=LABEL, ttl=TTL)
+    claims = {"job": JOB, "vm": VM, "provider": "fake", "region": "r1", "label": "other"}
+
+    with caplog.at_level(logging.WARNING, logger="gpuprov.api"):
+        response = await api.post(REGISTER, json=body(token, identity=claims))
+
+    assert response.status_code == 200, response.text
+    assert response.json()["origin"] == "existing"
+    [worker] = worker_rows(records)
+    assert (worker["state"], worker["job"], worker["vm"], worker["label"]) == (
+        "idle",
+        None,
+        None,
+        LABEL,
+    )
+    assert notifier.calls == []  # no job is told about a node that is not its own
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings) == len(claims), warnings
+
+
+# ---------------------------------------------------------------------------- bad bodies
+
+
+def _invalid_bodies(token: str) -> dict[str, tuple[dict[str, Any], tuple[Any, ...], str]]:
+    """name -> (request kwargs, expected error loc, expected error type)."""
+    gpus_not_a_list = {**CAPABILITIES, "gpus": "x"}
+    nested_unknown = {**CAPABILITIES, "gpu_count": 8}
+    return {
+        "malformed-json": (
+            {
+                "content": b'{"token": "' + token.encode() + b'", "capabilities": {',
+                "headers": {"content-type": "application/json"},
+            },
+            ("body",),
+            "json_invalid",
+        ),
+        "gpus-wrong-type": (
+            {"json": {"token": token, "capabilities": gpus_not_a_list}},
+            ("body", "capabilities", "gpus"),
+            "list_type",
+        ),
+        "cpu-count-wrong-type": (
+            {"json": {"token": token, "capabilities": {**CAPABILITIES, "cpu_count": "many"}}},
+            ("body", "capabilities", "cpu_count"),
+            "int_parsing",
+        ),
+        "missing-token": (
+            {"json": {"capabilities": CAPABILITIES}},
+            ("body", "token"),
+            "missing",
+        ),
+        "missing-capabilities": (
+            {"json": {"token": token}},
+            ("body", "capabilities"),
+            "missing",
+        ),
+        "token-too-short": (
+            {"json": body("short")},
+            ("body", "token"),
+            "string_too_short",
+        ),
+        "unknown-top-level-field": (
+            {"json": body(token, worker_id="mine")},
+            ("body", "worker_id"),
+            "extra_forbidden",
+        ),
+        "unknown-nested-field": (
+            {"json": {"token": token, "capabilities": nested_unknown}},
+            ("body", "capabilities", "gpu_count"),
+            "extra_forbidden",
+        ),
+        "unknown-identity-field": (
+            {"json": body(token, identity={"state": "idle"})},
+            ("body", "identity", "state"),
+            "extra_forbidden",
+        ),
+        "not-an-object": (
+            {"json": [token, CAPABILITIES]},
+            ("body",),
+            "model_attributes_type",
+        ),
+    }
+
+
+INVALID = list(_invalid_bodies("t" * 43))
+
+
+@pytest.mark.parametrize("case", INVALID)
+async def test_an_invalid_body_is_422_naming_the_field(
+    api: httpx.AsyncClient, records: Records, notifier: RecordingNotifier, case: str
+):
+    token = vm_token(records)  # a valid token in the body: it must not be spent
+    request, loc, kind = _invalid_bodies(token)[case]
+
+    response = await rejected(api, records, 422, **request)
+
+    errors = response.json()["detail"]
+    assert any(
+        tuple(error["loc"][: len(loc)]) == loc and error["type"] == kind for error in errors
+    ), errors
+    if len(loc) > 1:
+        assert any(tuple(error["loc"]) == loc for error in errors), errors
+    assert notifier.calls == []
+    # The token is still good.
+    assert (await api.post(REGISTER, json=body(token))).status_code == 200
+
+
+def _padded(token: str, size: int) -> bytes:
+    """A valid registration padded with JSON whitespace to exactly `size` bytes."""
+    payload = json.dumps(body(token)).encode()
+    assert len(payload) < size
+    return payload + b" " * (size - len(payload))
+
+
+async def _chunks(payload: bytes, chunk: int = 8192) -> AsyncIterator[bytes]:
+    for start in range(0, len(payload), chunk):
+        yield payload[start : start + chunk]
+
+
+async def test_an_oversized_body_is_413(
+    api: httpx.AsyncClient, records: Records, notifier: RecordingNotifier
+):
+    token = vm_token(records)
+    padding = {**CAPABILITIES, "agent_version": "x" * (MAX_BODY_BYTES + 1)}
+    huge = {"token": token, "capabilities": padding}
+
+    await rejected(api, records, 413, json=huge)
+    await rejected(
+        api,
+        records,
+        413,
+        content=_padded(token, MAX_BODY_BYTES + 1),
+        headers={"content-type": "application/json"},
+    )
+    many_gpus = {**CAPABILITIES, "gpus": CAPABILITIES["gpus"] * 1000}
+    await rejected(api, records, 413, json={"token": token, "capabilities": many_gpus})
+
+    assert notifier.calls == []
+    # A body right at the limit is fine: the limit is the only thing that rejected the others.
+    at_limit = await api.post(
+        REGISTER,
+        content=_padded(token, MAX_BODY_BYTES),
+        headers={"content-type": "application/json"},
+    )
+    assert at_limit.status_code == 200, at_limit.text
+
+
+async def test_an_oversized_streamed_body_without_length_is_413(
+    api: httpx.AsyncClient, records: Records, notifier: RecordingNotifier
+):
+    token = vm_token(records)
+
+    response = await rejected(
+        api,
+        records,
+        413,
+        content=_chunks(_padded(token, MAX_BODY_BYTES + 8192)),
+        headers={"content-type": "application/json"},
+    )
+
+    assert "content-length" not in response.request.headers
+    assert notifier.calls == []
+
+
+async def test_a_streamed_body_under_the_limit_is_accepted(
+    api: httpx.AsyncClient, records: Records
+):
+    token = vm_token(records)
+
+    response = await api.post(
+        REGISTER,
+        content=_chunks(_padded(token, MAX_BODY_BYTES - 1024)),
+        headers={"content-type": "application/json"},
+    )
+
+    assert "content-length" not in response.request.headers
+    assert response.status_code == 200, response.text
+
+
+# ---------------------------------------------------------------------------- the job's answer
+
+
+@pytest.mark.parametrize(
+    ("mode", "status"), [("refuse", 409), ("unavailable", 503)], ids=["refused", "unreachable"]
+)
+async def test_a_job_that_does_not_take_the_node_changes_nothing(
+    api: httpx.AsyncClient,
+    records: Records,
+    notifier: RecordingNotifier,
+    mode: str,
+    status: int,
+):
+    token = vm_token(records)
+    notifier.mode = mode
+
+    response = await rejected(api, records, status, json=body(token))
+
+    assert JOB in response.json()["detail"]
+    assert token not in response.text
+    [(job, refused)] = notifier.calls
+    assert (job, refused.vm) == (JOB, VM)
+
+    # The token was given back: once the job takes it, the same token registers the node.
+    notifier.mode = "accept"
+    retry = await api.post(REGISTER, json=body(token))
+    assert retry.status_code == 200, retry.text
+    [worker] = worker_rows(records)
+    assert (worker["id"], worker["state"]) == (retry.json()["worker_id"], "reserved")
+    assert len(notifier.calls) == 2
+    assert notifier.calls[1][1].worker_id == worker["id"]
+
+
+# ---------------------------------------------------------------------------- races
+
+
+@pytest.mark.parametrize("binding", ["vm", "label"])
+async def test_concurrent_registrations_with_one_token_admit_exactly_one(
+    api: httpx.AsyncClient, records: Records, notifier: RecordingNotifier, binding: str
+):
+    token = vm_token(records) if binding == "vm" else records.mint_token(label=LABEL, ttl=TTL)
+    notifier.delay = 0.05  # the winner's claim is committed while the job is being asked
+
+    responses = await asyncio.gather(*(api.post(REGISTER, json=body(token)) for _ in range(8)))
+
+    statuses = sorted(response.status_code for response in responses)
+    assert statuses == [200] + [401] * 7, [response.text for response in responses]
+    losers = [response for response in responses if response.status_code == 401]
+    assert {response.json()["detail"] for response in losers} == {"join token already used"}
+    [worker] = worker_rows(records)
+    [winner] = [response for response in responses if response.status_code == 200]
+    assert worker["id"] == winner.json()["worker_id"]
+    assert len(notifier.calls) == (1 if binding == "vm" else 0)

@@ -1,0 +1,220 @@
+"""Alembic migrations on an empty database, on SQLite and on PostgreSQL 15 (conftest)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+
+from gpuprov.db import Database, alembic_config, metadata
+from gpuprov.records import Records
+
+REPO = Path(__file__).resolve().parents[2]
+TABLES = {"vms", "join_tokens", "cost_records", "blocks", "workers", "orphans"}
+
+
+def schema(db: Database) -> dict[str, Any]:
+    """Tables, columns, indexes and constraints as the database reports them."""
+    inspector = sa.inspect(db.engine)
+    described: dict[str, Any] = {}
+    for table in sorted(inspector.get_table_names()):
+        described[table] = {
+            "columns": [
+                (column["name"], str(column["type"]), column["nullable"])
+                for column in inspector.get_columns(table)
+            ],
+            "indexes": sorted(
+                (index["name"], tuple(index["column_names"]), bool(index["unique"]))
+                for index in inspector.get_indexes(table)
+            ),
+            "unique": sorted(
+                (constraint["name"], tuple(constraint["column_names"]))
+                for constraint in inspector.get_unique_constraints(table)
+            ),
+            "foreign_keys": sorted(
+                (key["name"], tuple(key["constrained_columns"]), key["referred_table"])
+                for key in inspector.get_foreign_keys(table)
+            ),
+        }
+    return described
+
+
+def head() -> str | None:
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+@pytest.fixture
+def empty(database_url: str):
+    db = Database(database_url)
+    yield db
+    db.dispose()
+
+
+def test_upgrade_creates_exactly_the_six_tables(empty: Database):
+    assert sa.inspect(empty.engine).get_table_names() == []
+
+    empty.upgrade()
+
+    assert set(sa.inspect(empty.engine).get_table_names()) == TABLES | {"alembic_version"}
+    assert {table.name for table in metadata.sorted_tables} == TABLES
+    assert empty.current_revision() == head() == "0001_initial"
+    described = schema(empty)
+    assert ("uq_vms_vm", ("vm",)) in described["vms"]["unique"]
+    assert ("uq_blocks_scope_key", ("scope", "key")) in described["blocks"]["unique"]
+    assert ("uq_join_tokens_token_sha256", ("token_sha256",)) in described["join_tokens"]["unique"]
+    assert ("ix_vms_job", ("job",), False) in described["vms"]["indexes"]
+    assert ("uq_orphans_open_vm", ("vm",), True) in described["orphans"]["indexes"]
+    assert described["join_tokens"]["foreign_keys"] == [("fk_join_tokens_vm_vms", ("vm",), "vms")]
+
+
+def test_upgrading_twice_is_a_no_op(empty: Database):
+    empty.upgrade()
+    Records(empty).record_cost(
+        job="train", kind="estimate", amount=1.0, currency="USD", unit="hour", source="test"
+    )
+    before = schema(empty)
+
+    empty.upgrade()
+
+    assert schema(empty) == before
+    assert empty.current_revision() == head()
+    assert len(Records(empty).costs("train")) == 1
+
+
+def test_the_migrations_match_the_models(empty: Database):
+    """Autogenerate finds nothing to do: the tables in gpuprov.db are what the migrations made."""
+    empty.upgrade()
+    with empty.engine.connect() as connection:
+        context = MigrationContext.configure(connection, opts={"compare_type": True})
+        assert compare_metadata(context, metadata) == []
+
+
+def test_downgrade_to_base_then_upgrade_again(empty: Database):
+    empty.upgrade()
+    empty.downgrade("base")
+    assert set(sa.inspect(empty.engine).get_table_names()) <= {"alembic_version"}
+    assert empty.current_revision() is None
+
+    empty.upgrade()
+    assert set(sa.inspect(empty.engine).get_table_names()) == TABLES | {"alembic_version"}
+
+
+UPGRADE_IN_A_PROCESS = textwrap.dedent(
+    """
+    import sys
+    from gpuprov.db import Database
+
+    database = Database(sys.argv[1])
+    print("ready", flush=True)
+    sys.stdin.readline()  # the go signal, sent once every process is ready
+    database.upgrade()
+    database.dispose()
+    """
+)
+
+
+def test_processes_starting_together_migrate_once(database_url: str):
+    """A worker and an API (here: four processes) upgrading one empty database at once."""
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", UPGRADE_IN_A_PROCESS, database_url],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
+        for _ in range(4)
+    ]
+    for process in processes:
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+    for process in processes:
+        assert process.stdin is not None
+        process.stdin.write("go\n")
+        process.stdin.flush()
+    failures = [
+        stderr
+        for _, stderr in (process.communicate(timeout=120) for process in processes)
+        if stderr.strip()
+    ]
+    assert [process.returncode for process in processes] == [0, 0, 0, 0], failures
+
+    db = Database(database_url)
+    try:
+        assert set(sa.inspect(db.engine).get_table_names()) == TABLES | {"alembic_version"}
+        with db.engine.connect() as connection:
+            versions = connection.exec_driver_sql("SELECT version_num FROM alembic_version")
+            assert [row[0] for row in versions] == [head()]
+    finally:
+        db.dispose()
+
+
+def test_threads_upgrading_at_once_do_not_trip_over_alembic_globals(database_url: str):
+    databases = [Database(database_url) for _ in range(4)]
+    barrier = threading.Barrier(len(databases))
+    errors: list[BaseException] = []
+
+    def upgrade(db: Database) -> None:
+        barrier.wait()
+        try:
+            db.upgrade()
+        except Exception as error:  # asserted on below
+            errors.append(error)
+
+    threads = [threading.Thread(target=upgrade, args=(db,)) for db in databases]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    try:
+        assert errors == []
+        assert all(db.current_revision() == head() for db in databases)
+    finally:
+        for db in databases:
+            db.dispose()
+
+
+def test_sqlite_file_gets_its_directory_wal_and_busy_timeout(tmp_path: Path):
+    path = tmp_path / "nested" / "dir" / "gpuprov.db"
+    db = Database(f"sqlite:///{path}")
+    try:
+        db.upgrade()
+        assert path.exists() and db.dialect == "sqlite"
+        with db.engine.connect() as connection:
+            pragma = connection.exec_driver_sql
+            assert pragma("PRAGMA journal_mode").scalar() == "wal"
+            assert pragma("PRAGMA busy_timeout").scalar() == 30000
+            assert pragma("PRAGMA foreign_keys").scalar() == 1
+    finally:
+        db.dispose()
+
+
+@pytest.mark.parametrize("scheme", ["postgresql", "postgres", "postgresql+psycopg"])
+def test_postgres_urls_use_psycopg(scheme: str):
+    db = Database(f"{scheme}://user:secret@db.example:5432/gpuprov")
+    try:
+        assert db.dialect == "postgresql"
+        assert db.engine.url.drivername == "postgresql+psycopg"
+    finally:
+        db.dispose()
+
+
+def test_in_memory_sqlite_is_one_database_for_every_session():
+    db = Database("sqlite://")
+    try:
+        db.upgrade()
+        Records(db).record_cost(
+            job="train", kind="estimate", amount=1.0, currency="USD", unit="hour", source="test"
+        )
+        assert len(Records(db).costs("train")) == 1
+    finally:
+        db.dispose()

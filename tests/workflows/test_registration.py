@@ -1,0 +1,254 @@
+"""Issue 3's job semantics end to end: real API, real tokens, real database, real dev server.
+
+The fake cloud's booted instances run a simulated agent that registers through the API with the
+join token they were given; placement waits for that report and checks it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from sqlmodel import select
+
+from gpuprov.api import create_app, serving, temporal_notifier
+from gpuprov.client import JobNotFound
+from gpuprov.config import FaultRule
+from gpuprov.db import CostRecord, JoinToken, VmRecord, WorkerRecord
+from gpuprov.dev import free_port
+from gpuprov.engine import open_records
+from gpuprov.models import AttemptOutcome, JobState, WorkerCapabilities
+from gpuprov.records import Records
+from providers.errors import ErrorKind
+from tests.helpers import (
+    OFFER_A,
+    OFFER_B,
+    assert_nothing_left,
+    fake_worker,
+    fast_cloud,
+    job,
+    ready_then_release,
+    until,
+)
+
+
+@pytest.fixture
+def sqlite_records(tmp_path: Path) -> Records:
+    return open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+
+
+@asynccontextmanager
+async def control_plane(client, records: Records) -> AsyncIterator[str]:
+    """The real API on a free loopback port, telling jobs through the real Temporal client."""
+    port = free_port()
+    async with serving(create_app(records, temporal_notifier(client)), "127.0.0.1", port):
+        yield f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+async def api_url(client, sqlite_records: Records) -> AsyncIterator[str]:
+    async with control_plane(client, sqlite_records) as url:
+        yield url
+
+
+def agent_cloud(*faults: FaultRule, **overrides):
+    return fast_cloud(list(faults), simulate_agent=True, **overrides)
+
+
+def rows(records: Records, table) -> list:
+    with records.db.session() as session:
+        return list(session.exec(select(table)).all())
+
+
+async def test_nodes_register_with_their_tokens_before_the_job_is_ready(
+    client, task_queue, job_name, records
+):
+    """On SQLite and on PostgreSQL (the `records` fixture runs both)."""
+    sqlite_records = records
+    async with (
+        control_plane(client, records) as api_url,
+        fake_worker(client, task_queue, agent_cloud(), records, api_url) as (gpuprov, cloud),
+    ):
+        handle = await gpuprov.submit(job(job_name, nodes=2))
+        at_ready, final = await ready_then_release(handle)
+        plaintexts = {row.join_token for row in cloud.state.instances()}
+        assert_nothing_left(cloud)
+
+    assert at_ready.state is JobState.READY
+    for node in at_ready.nodes:
+        assert node.worker_id is not None
+        assert node.capabilities is not None and node.capabilities.gpu_runtime_ok
+        assert len(node.capabilities.gpus) == 8
+    workers = {w.id: w for w in rows(sqlite_records, WorkerRecord)}
+    assert set(workers) == {n.worker_id for n in at_ready.nodes}
+    for node in at_ready.nodes:
+        worker = workers[node.worker_id]
+        # identity from the VM record, never from the node
+        assert (worker.origin, worker.provider, worker.region, worker.vm, worker.job) == (
+            "managed",
+            "fake",
+            "r1",
+            node.vm,
+            job_name,
+        )
+        assert worker.state == "revoked"  # the job ended: its workers are revoked
+    vms = {v.vm: v for v in rows(sqlite_records, VmRecord)}
+    assert {v.status for v in vms.values()} == {"terminated"}
+    assert all(v.terminated_at is not None and v.instance_ids for v in vms.values())
+    tokens = rows(sqlite_records, JoinToken)
+    assert len(tokens) == 2 and all(t.used_at is not None for t in tokens)
+    assert len(plaintexts) == 2 and None not in plaintexts
+    assert {t.token_sha256 for t in tokens} == {Records.hash_token(p) for p in plaintexts}
+    estimate = rows(sqlite_records, CostRecord)
+    assert [(c.kind, c.amount, c.source) for c in estimate] == [("estimate", 20.0, "simulated")]
+    assert final.state is JobState.COMPLETED
+
+
+async def test_incompatible_capabilities_tear_down_block_and_fail_over(
+    client, task_queue, job_name, sqlite_records, api_url
+):
+    broken = FaultRule(primitive="create", effect="bad_runtime", offer=OFFER_A)
+    async with fake_worker(client, task_queue, agent_cloud(broken), sqlite_records, api_url) as (
+        gpuprov,
+        cloud,
+    ):
+        handle = await gpuprov.submit(job(job_name))
+        at_ready, final = await ready_then_release(handle)
+        assert_nothing_left(cloud)
+
+    first, second = at_ready.attempts
+    assert (first.offer.id, first.kind, first.step) == (OFFER_A, ErrorKind.FAILED, "register")
+    assert "GPU runtime not working: Failed to initialize NVML" in (first.message or "")
+    assert second.offer.id == OFFER_B and second.outcome is AttemptOutcome.SUCCEEDED
+    assert [(b.key, b.kind) for b in at_ready.blocks] == [(OFFER_A, ErrorKind.FAILED)]
+    assert at_ready.nodes[0].status == "terminated"
+    worker_states = sorted(w.state for w in rows(sqlite_records, WorkerRecord))
+    assert worker_states == ["revoked", "revoked"]
+    assert final.state is JobState.COMPLETED
+
+
+async def test_a_block_recorded_by_one_job_steers_the_next_until_it_expires(
+    client, task_queue, job_name, sqlite_records
+):
+    stockout = FaultRule(primitive="create", kind=ErrorKind.CAPACITY, offer=OFFER_A, times=1)
+    async with fake_worker(client, task_queue, fast_cloud([stockout]), sqlite_records) as (
+        gpuprov,
+        _cloud,
+    ):
+        first, _ = await ready_then_release(await gpuprov.submit(job(f"{job_name}-1")))
+        assert [a.offer.id for a in first.attempts] == [OFFER_A, OFFER_B]
+
+        second, _ = await ready_then_release(await gpuprov.submit(job(f"{job_name}-2")))
+        assert [a.offer.id for a in second.attempts] == [OFFER_B]  # A skipped, never tried
+        assert [(b.key, b.kind) for b in second.blocks] == [(OFFER_A, ErrorKind.CAPACITY)]
+
+        # expire the shared block (as the TTL would), and the next job tries A again
+        with sqlite_records.db.session() as session:
+            from gpuprov.db import BlockRecord
+
+            for block in session.exec(select(BlockRecord)).all():
+                block.expires_at = datetime.now(UTC) - timedelta(seconds=1)
+                session.add(block)
+            session.commit()
+        third, _ = await ready_then_release(await gpuprov.submit(job(f"{job_name}-3")))
+        assert [a.offer.id for a in third.attempts] == [OFFER_A]
+
+
+def _capabilities_json(gpus: int = 8) -> dict:
+    return WorkerCapabilities.model_validate(
+        {
+            "gpus": [{"name": "NVIDIA H100 80GB HBM3", "memory_mb": 81559}] * gpus,
+            "cpu_count": 64,
+            "memory_gb": 512,
+            "gpu_runtime_ok": True,
+        }
+    ).model_dump(mode="json")
+
+
+async def _join_existing(api_url: str, records: Records, label: str) -> str:
+    import httpx
+
+    token = records.mint_token(label=label, ttl=timedelta(minutes=5))
+    async with httpx.AsyncClient(base_url=api_url) as http:
+        response = await http.post(
+            "/v1/workers/register", json={"token": token, "capabilities": _capabilities_json()}
+        )
+    assert response.status_code == 200, response.text
+    return response.json()["worker_id"]
+
+
+async def test_an_idle_existing_worker_is_used_before_any_cloud_machine(
+    client, task_queue, job_name, sqlite_records, api_url
+):
+    worker_id = await _join_existing(api_url, sqlite_records, "gpu-box-1")
+    async with fake_worker(client, task_queue, fast_cloud(), sqlite_records, api_url) as (
+        gpuprov,
+        cloud,
+    ):
+        handle = await gpuprov.submit(job(job_name))
+        at_ready = await until(handle, lambda s: s.state is JobState.READY)
+        assert [w.worker_id for w in at_ready.existing_workers] == [worker_id]
+        assert at_ready.attempts == [] and at_ready.nodes == []
+        assert sqlite_records.get_worker(worker_id).state == "reserved"
+        await handle.release()
+        final = await handle.result()
+        assert cloud.state.creates_per_vm() == {}  # no cloud machine was paid for
+    assert final.state is JobState.COMPLETED
+    assert sqlite_records.get_worker(worker_id).state == "idle"  # free for the next job
+
+
+async def test_many_jobs_racing_for_one_existing_worker_only_one_gets_it(
+    client, task_queue, job_name, sqlite_records, api_url
+):
+    worker_id = await _join_existing(api_url, sqlite_records, "gpu-box-2")
+    placement = {"provisioning": False}
+    async with fake_worker(client, task_queue, fast_cloud(), sqlite_records, api_url) as (
+        gpuprov,
+        _cloud,
+    ):
+        handles = [
+            await gpuprov.submit(job(f"{job_name}-{i}", placement=placement)) for i in range(6)
+        ]
+        ends = await asyncio.gather(
+            *(until(h, lambda s: s.state in (JobState.READY, JobState.FAILED)) for h in handles)
+        )
+        winners = [s for s in ends if s.state is JobState.READY]
+        assert len(winners) == 1
+        assert [w.worker_id for w in winners[0].existing_workers] == [worker_id]
+        losers = [s for s in ends if s.state is JobState.FAILED]
+        assert all("no existing worker is eligible" in (s.error or "") for s in losers)
+        winner = handles[ends.index(winners[0])]
+        await winner.release()
+        await winner.result()
+        with pytest.raises(JobNotFound, match="no running job"):
+            await handles[ends.index(losers[0])].release()
+    assert sqlite_records.get_worker(worker_id).state == "idle"
+
+
+async def test_no_secret_ever_enters_temporal_history(
+    client, task_queue, job_name, sqlite_records, api_url
+):
+    lost = FaultRule(primitive="create", effect="lost_response", times=1)
+    async with fake_worker(client, task_queue, agent_cloud(lost), sqlite_records, api_url) as (
+        gpuprov,
+        cloud,
+    ):
+        handle = await gpuprov.submit(job(job_name, nodes=2))
+        await ready_then_release(handle)
+        secrets = {row.join_token for row in cloud.state.instances() if row.join_token}
+        existing_token = sqlite_records.mint_token(label="never-used", ttl=timedelta(minutes=5))
+        secrets.add(existing_token)
+    assert len(secrets) == 3  # a token per node, and one operator token
+    histories = []
+    async for execution in client.list_workflows(f"TaskQueue = '{task_queue}'"):
+        history = await client.get_workflow_handle(execution.id).fetch_history()
+        histories.append(history.to_json())
+    assert histories
+    for text in histories:
+        for secret in secrets:
+            assert secret not in text
+            assert json.dumps(secret)[1:-1] not in text

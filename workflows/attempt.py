@@ -1,0 +1,157 @@
+"""One attempt: bring up every node of the job on one offer, as a saga.
+
+prepare (all nodes) -> create (all nodes) -> wait running (all nodes) -> wait for each node's
+registration and check its reported capabilities. Each undo is pushed on the compensation stack
+*before* the step it undoes starts, because a create can land even when its response is lost.
+Any failure propagates as StepFailure; the job decides (by policy) what to do with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from activities.cloud import CloudActivities, CreateInput, PrepareInput, VmInput
+    from activities.errors import StepFailure
+    from gpuprov.models import Attempt, JobSpec, NodeInstance
+    from providers.base import Capabilities, InstanceSpec, compatibility_reasons
+    from providers.errors import ErrorKind
+    from workflows import teardown
+    from workflows.compensation import Compensation, CompensationStack
+    from workflows.steps import (
+        CREATE_HEARTBEAT,
+        heartbeat_timeout,
+        run_all,
+        run_step,
+        wait_timeout,
+    )
+
+
+class AttemptSaga:
+    def __init__(
+        self,
+        spec: JobSpec,
+        attempt: Attempt,
+        hints: Capabilities,
+        stack: CompensationStack,
+        waiting: Callable[[str], None],
+    ) -> None:
+        self.spec = spec
+        self.attempt = attempt
+        self.offer = attempt.offer
+        self.hints = hints
+        self.stack = stack
+        self._waiting = waiting
+        self.nodes = [
+            NodeInstance(
+                attempt=attempt.number,
+                node_index=index,
+                vm=f"{spec.name}-a{attempt.number}-n{index}",
+                provider=self.offer.provider,
+                region=self.offer.region,
+                zone=self.offer.zone,
+            )
+            for index in range(spec.nodes)
+        ]
+
+    async def bring_up(self) -> None:
+        offer, count = self.offer, len(self.nodes)
+        specs = [self._instance_spec(node) for node in self.nodes]
+        self._waiting(f"prepare on {offer.id} for {count} node(s)")
+        prepared = await run_all(self._prepare(spec, node) for spec, node in self._pairs(specs))
+        self._waiting(f"create {count} instance(s) of {offer.instance_type} on {offer.id}")
+        await run_all(
+            self._create(spec, node, data)
+            for (spec, node), data in zip(self._pairs(specs), prepared, strict=True)
+        )
+        self._waiting(
+            f"running: {count} instance(s) booting on {offer.id} "
+            f"(boot_timeout {self.hints.boot_timeout:g}s)"
+        )
+        await run_all(self._wait_running(node) for node in self.nodes)
+        if self.hints.node_agent:
+            await self._await_registrations()
+
+    def _pairs(self, specs: list[InstanceSpec]) -> list[tuple[InstanceSpec, NodeInstance]]:
+        return list(zip(specs, self.nodes, strict=True))
+
+    def _instance_spec(self, node: NodeInstance) -> InstanceSpec:
+        return InstanceSpec(
+            vm=node.vm,
+            job=self.spec.name,
+            node_index=node.node_index,
+            attempt=self.attempt.number,
+            labels={"gpuprov-job": self.spec.name},
+        )
+
+    async def _prepare(self, spec: InstanceSpec, node: NodeInstance) -> dict[str, Any]:
+        self.stack.push(Compensation(name=f"cleanup {node.vm}", run=lambda: teardown.cleanup(node)))
+        return await run_step(
+            "prepare",
+            CloudActivities.prepare,
+            PrepareInput(offer=self.offer, spec=spec),
+            summary=f"prepare {spec.vm}",
+        )
+
+    async def _create(
+        self, spec: InstanceSpec, node: NodeInstance, prepared: dict[str, Any]
+    ) -> None:
+        self.stack.push(
+            Compensation(
+                name=f"terminate {node.vm}",
+                run=lambda: teardown.terminate(node, self.hints),
+                terminates=True,
+                has_instances=lambda: bool(node.instance_ids),
+            )
+        )
+        node.instance_ids = await run_step(
+            "create",
+            CloudActivities.create,
+            CreateInput(offer=self.offer, prepared=prepared, spec=spec),
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            heartbeat_timeout=CREATE_HEARTBEAT,
+            summary=f"create {spec.vm} on {self.offer.id}",
+        )
+
+    async def _wait_running(self, node: NodeInstance) -> None:
+        observed = await run_step(
+            "wait_running",
+            CloudActivities.wait_running,
+            VmInput(location=node.location, vm=node.vm, ids=node.instance_ids),
+            start_to_close_timeout=wait_timeout(self.hints.boot_timeout),
+            heartbeat_timeout=heartbeat_timeout(self.hints),
+            summary=f"wait for {node.vm} to run",
+        )
+        node.record_observed(observed)
+        node.status = "running"
+
+    async def _await_registrations(self) -> None:
+        """Placement waits for each node's own report (a running machine may still lack a
+        working GPU runtime); a missing or incompatible report is Failed for this offer."""
+        self._waiting(f"registration of {len(self.nodes)} node(s) with the control plane")
+        try:
+            await workflow.wait_condition(
+                lambda: all(node.worker_id for node in self.nodes),
+                timeout=self.hints.boot_timeout,
+            )
+        except TimeoutError:
+            missing = ", ".join(node.vm for node in self.nodes if not node.worker_id)
+            raise StepFailure(
+                "register",
+                ErrorKind.FAILED,
+                f"{missing} did not register within {self.hints.boot_timeout:g}s",
+            ) from None
+        request = self.spec.resource_request()
+        for node in self.nodes:
+            assert node.capabilities is not None
+            shape = node.capabilities.shape(node.provider, node.region)
+            reasons = compatibility_reasons(shape, request)
+            if reasons:
+                raise StepFailure(
+                    "register",
+                    ErrorKind.FAILED,
+                    f"{node.vm} reported incompatible capabilities: {'; '.join(reasons)}",
+                )

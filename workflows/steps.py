@@ -1,0 +1,67 @@
+"""How the workflow runs one activity step: options, error unwrapping, fan-out, rounds.
+
+Deterministic helpers only; shared by the job lifecycle, the attempt saga and teardown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.errors import StepFailure, unwrap
+    from providers.base import Capabilities
+    from workflows import policy
+
+SHORT_STEP = timedelta(seconds=30)
+CLOUD_STEP = timedelta(minutes=5)
+WAIT_MARGIN = timedelta(minutes=2)
+MIN_HEARTBEAT = 5.0
+# create heartbeats while the cloud call runs, so a dead worker is noticed in seconds.
+CREATE_HEARTBEAT = timedelta(seconds=10)
+
+
+async def run_step(step: str, activity: Any, *args: Any, **options: Any) -> Any:
+    """Execute one activity; a failure comes back as StepFailure(step, kind, cloud's words)."""
+    options.setdefault("retry_policy", policy.FORWARD_RETRY)
+    options.setdefault("start_to_close_timeout", CLOUD_STEP)
+    try:
+        return await workflow.execute_activity_method(activity, *args, **options)
+    except ActivityError as error:
+        raise unwrap(step, error) from None
+
+
+async def run_all(steps: Iterable[Awaitable[Any]]) -> list[Any]:
+    """Run steps concurrently; let all finish, then raise the first failure in order."""
+    results = await asyncio.gather(*steps, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return results
+
+
+async def in_rounds(step: Callable[[], Awaitable[Any]]) -> None:
+    """Run a teardown step; repeat it per policy when it fails for good."""
+    rounds = 0
+    while True:
+        rounds += 1
+        try:
+            await step()
+            return
+        except StepFailure as failure:
+            if not policy.retry_teardown(failure.kind, rounds):
+                raise
+        await workflow.sleep(policy.TEARDOWN_PAUSE * rounds)
+
+
+def heartbeat_timeout(hints: Capabilities) -> timedelta:
+    return timedelta(seconds=max(MIN_HEARTBEAT, 4 * hints.poll_interval))
+
+
+def wait_timeout(seconds: float) -> timedelta:
+    return timedelta(seconds=seconds) + WAIT_MARGIN

@@ -1,0 +1,80 @@
+"""Teardown of one node: delete, confirm gone, then record it. Never marked done early.
+
+A node is `terminated` only after observe-by-identity shows nothing left; a teardown that gives
+up is recorded as a possible orphan in the database for the reconciler, and the node is
+`leaked` in the job status.
+"""
+
+from __future__ import annotations
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from activities.cloud import CloudActivities, VmInput
+    from activities.errors import StepFailure
+    from activities.store import OrphanInput, StoreActivities, VmStatusInput
+    from gpuprov.models import NodeInstance
+    from providers.base import Capabilities
+    from workflows import policy
+    from workflows.steps import (
+        SHORT_STEP,
+        heartbeat_timeout,
+        in_rounds,
+        run_step,
+        wait_timeout,
+    )
+
+
+async def terminate(node: NodeInstance, hints: Capabilities) -> None:
+    try:
+        await in_rounds(lambda: _delete_and_confirm(node, hints))
+    except StepFailure as failure:
+        node.status = "leaked"
+        await run_step(
+            "record_orphan",
+            StoreActivities.record_orphan,
+            OrphanInput(node=node, error=str(failure)),
+            start_to_close_timeout=SHORT_STEP,
+            retry_policy=policy.TEARDOWN_RETRY,
+        )
+        raise
+    node.status = "terminated"
+    await run_step(
+        "mark_vm",
+        StoreActivities.mark_vm,
+        VmStatusInput(vm=node.vm, status="terminated"),
+        start_to_close_timeout=SHORT_STEP,
+        retry_policy=policy.TEARDOWN_RETRY,
+    )
+
+
+async def _delete_and_confirm(node: NodeInstance, hints: Capabilities) -> None:
+    location = node.location
+    node.instance_ids = await run_step(
+        "delete",
+        CloudActivities.delete,
+        VmInput(location=location, vm=node.vm, ids=node.instance_ids),
+        retry_policy=policy.TEARDOWN_RETRY,
+        summary=f"delete {node.vm}",
+    )
+    await run_step(
+        "wait_gone",
+        CloudActivities.wait_gone,
+        VmInput(location=location, vm=node.vm, ids=node.instance_ids),
+        start_to_close_timeout=wait_timeout(hints.delete_timeout),
+        heartbeat_timeout=heartbeat_timeout(hints),
+        retry_policy=policy.TEARDOWN_RETRY,
+        summary=f"wait for {node.vm} to be gone",
+    )
+
+
+async def cleanup(node: NodeInstance) -> None:
+    await in_rounds(
+        lambda: run_step(
+            "cleanup",
+            CloudActivities.cleanup,
+            VmInput(location=node.location, vm=node.vm),
+            retry_policy=policy.TEARDOWN_RETRY,
+            summary=f"cleanup {node.vm}",
+        )
+    )
