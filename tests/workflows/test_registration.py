@@ -252,3 +252,42 @@ async def test_no_secret_ever_enters_temporal_history(
         for secret in secrets:
             assert secret not in text
             assert json.dumps(secret)[1:-1] not in text
+
+
+async def test_a_token_for_a_vm_the_job_is_not_waiting_for_is_refused_and_changes_nothing(
+    client, task_queue, job_name, sqlite_records, api_url
+):
+    import httpx
+
+    async with fake_worker(client, task_queue, fast_cloud(), sqlite_records, api_url) as (
+        gpuprov,
+        _cloud,
+    ):
+        handle = await gpuprov.submit(job(job_name))
+        await until(handle, lambda s: s.state is JobState.READY)
+        # a VM row of this job that is not a node of its current attempt (a stale attempt)
+        sqlite_records.record_vm(
+            job=job_name,
+            node_index=0,
+            attempt=9,
+            vm=f"{job_name}-a9-n0",
+            provider="fake",
+            region="r1",
+            zone="r1-a",
+        )
+        token = sqlite_records.mint_token(vm=f"{job_name}-a9-n0", ttl=timedelta(minutes=5))
+        workers_before = rows(sqlite_records, WorkerRecord)
+        async with httpx.AsyncClient(base_url=api_url) as http:
+            response = await http.post(
+                "/v1/workers/register",
+                json={"token": token, "capabilities": _capabilities_json()},
+            )
+        assert response.status_code == 409, response.text
+        assert "is not a node this job is waiting for" in response.json()["detail"]
+        assert rows(sqlite_records, WorkerRecord) == workers_before
+        digest = Records.hash_token(token)
+        assert [t.used_at for t in rows(sqlite_records, JoinToken) if t.token_sha256 == digest] == [
+            None
+        ]
+        await handle.release()
+        await handle.result()
