@@ -39,7 +39,7 @@ from gpuprov.models import (
     format_validation_error,
     load_job_spec,
 )
-from gpuprov.render import offers_text, progress_line, status_text
+from gpuprov.render import capabilities_text, offers_text, progress_line, status_text
 from providers.base import ResourceRequest
 from workflows.offers import OffersQuery
 
@@ -228,7 +228,7 @@ async def _join(settings: Settings, args: argparse.Namespace) -> int:
     token = args.token.strip() if args.token else agent.read_token(args.token_file)
     capabilities = await asyncio.to_thread(agent.probe)
     try:
-        WorkerCapabilities.model_validate(capabilities)
+        checked = WorkerCapabilities.model_validate(capabilities)
     except ValidationError as error:
         raise agent.AgentError(f"probe result invalid: {format_validation_error(error)}") from None
     identity = {"label": args.label_claim} if args.label_claim else None
@@ -237,28 +237,8 @@ async def _join(settings: Settings, args: argparse.Namespace) -> int:
     )
     origin, label = response.get("origin"), response.get("label")
     print(f"joined: worker {response['worker_id']} ({origin}, label {label}), idle")
-    print(capabilities_text(capabilities))
+    print(capabilities_text(checked))
     return 0
-
-
-def capabilities_text(capabilities: dict) -> str:
-    """One line: GPUs by model, driver/CUDA, CPUs, memory, disk, and the runtime verdict."""
-    names = [gpu["name"] for gpu in capabilities["gpus"]]
-    gpus = ", ".join(f"{names.count(name)} x {name}" for name in dict.fromkeys(names)) or "no GPU"
-    parts = [gpus]
-    if capabilities.get("driver_version"):
-        parts.append(f"driver {capabilities['driver_version']}")
-    if capabilities.get("cuda_version"):
-        parts.append(f"CUDA {capabilities['cuda_version']}")
-    for key, unit in (("cpu_count", "CPUs"), ("memory_gb", "GiB memory"), ("disk_gb", "GiB disk")):
-        if capabilities.get(key) is not None:
-            parts.append(f"{capabilities[key]:g} {unit}")
-    verdict = (
-        "GPU runtime OK"
-        if capabilities["gpu_runtime_ok"]
-        else f"GPU runtime NOT OK: {capabilities['gpu_runtime_error']}"
-    )
-    return f"{'; '.join(parts)}; {verdict}"
 
 
 COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], Awaitable[int]]] = {

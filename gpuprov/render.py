@@ -14,14 +14,27 @@ def price_text(offer: Offer) -> str:
 
 
 def capabilities_text(capabilities: WorkerCapabilities) -> str:
-    shape = capabilities.shape()
-    gpus = f"{shape.gpu_count}x {shape.gpu_name}" if shape.gpu_name else "no GPU"
-    runtime = (
-        "runtime ok"
+    """One line: GPUs by model, driver/CUDA, CPUs, memory, disk, and the runtime verdict."""
+    names = [gpu.name for gpu in capabilities.gpus]
+    gpus = ", ".join(f"{names.count(name)} x {name}" for name in dict.fromkeys(names)) or "no GPU"
+    parts = [gpus]
+    if capabilities.driver_version:
+        parts.append(f"driver {capabilities.driver_version}")
+    if capabilities.cuda_version:
+        parts.append(f"CUDA {capabilities.cuda_version}")
+    for value, unit in (
+        (capabilities.cpu_count, "CPUs"),
+        (capabilities.memory_gb, "GiB memory"),
+        (capabilities.disk_gb, "GiB disk"),
+    ):
+        if value is not None:
+            parts.append(f"{value:g} {unit}")
+    verdict = (
+        "GPU runtime OK"
         if capabilities.gpu_runtime_ok
-        else f"runtime broken: {capabilities.gpu_runtime_error or 'unknown'}"
+        else f"GPU runtime NOT OK: {capabilities.gpu_runtime_error}"
     )
-    return f"{gpus}, {capabilities.cpu_count or '?'} CPUs, {runtime}"
+    return f"{'; '.join(parts)}; {verdict}"
 
 
 def progress_line(status: JobStatus) -> str:

@@ -40,7 +40,8 @@ async def test_demo_fails_over_reaches_ready_releases_and_leaves_no_process():
     # the nodes of the winning attempt registered through the real API with their tokens
     for node in ("demo-train-a2-n0", "demo-train-a2-n1"):
         assert f"{node} registered through the API as worker" in out
-    assert out.count("8x NVIDIA H100, 208 CPUs, runtime ok") >= 2
+    assert out.count("8 x NVIDIA H100; driver 550.54.15; CUDA 12.4; 208 CPUs") >= 2
+    assert "GPU runtime OK" in out
     assert "Temporal UI for this job: http://127.0.0.1:" in out
     assert "/namespaces/default/workflows/job-demo-train" in out
 
