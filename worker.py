@@ -1,7 +1,8 @@
 """The production worker: `python worker.py [--config gpuprov.toml]`.
 
 Reads settings (file + environment), connects to the Temporal cluster, and runs ProvisionJob
-and every cloud activity on the configured task queue until SIGINT/SIGTERM.
+and every cloud activity on the configured task queue until SIGINT/SIGTERM. With `[metrics] bind`
+set, it serves Prometheus metrics (Temporal SDK and gpuprov_*) at http://<bind>/metrics.
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ import os
 import signal
 
 from gpuprov.config import load_settings
-from gpuprov.engine import connect, running_worker
+from gpuprov.engine import connect, metrics_runtime, running_worker
 
 
 async def serve(config_path: str | None) -> None:
     settings = load_settings(config_path)
-    client = await connect(settings.temporal)
+    client = await connect(settings.temporal, metrics_runtime(settings.metrics))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -30,6 +31,8 @@ async def serve(config_path: str | None) -> None:
             settings.temporal.task_queue,
             ", ".join(settings.providers.enabled_ids()) or "none",
         )
+        if settings.metrics.bind:
+            logging.info("metrics on http://%s/metrics", settings.metrics.bind)
         await stop.wait()
 
 

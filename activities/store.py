@@ -5,7 +5,9 @@
 - active_blocks / record_block: blocks shared by every job until they expire.
 - record_cost: the estimate written when an attempt starts (and later actuals).
 - mark_vm: VM row status as teardown confirms it; a terminated VM's worker is revoked.
-- record_orphan: a termination that did not confirm; the reconciler keeps trying.
+- mark_placed: at ready, the job's workers become busy and its VM rows running.
+- record_orphan: a termination that did not confirm; the reconciler keeps trying
+  (counted in gpuprov_orphans_found_total).
 - release_job_workers: at a terminal state, existing workers go back to idle and managed
   workers are revoked.
 Every call runs the synchronous Records method in a thread, off the event loop.
@@ -20,6 +22,7 @@ from typing import Any
 from pydantic import Field
 from temporalio import activity
 
+from activities import metrics
 from gpuprov.models import Block, BlockScope, ExistingWorker, NodeInstance, WorkerCapabilities
 from gpuprov.records import Records
 from providers.base import Model, PriceQuote, ResourceRequest, compatibility_reasons
@@ -48,6 +51,12 @@ class VmStatusInput(Model):
     status: str
 
 
+class PlacedInput(Model):
+    job: str
+    vms: list[str] = Field(default_factory=list)
+    worker_ids: list[str] = Field(default_factory=list)  # the placed nodes' workers only
+
+
 class OrphanInput(Model):
     node: NodeInstance
     error: str
@@ -74,6 +83,7 @@ class StoreActivities:
             self.record_block,
             self.record_cost,
             self.mark_vm,
+            self.mark_placed,
             self.record_orphan,
             self.release_job_workers,
         ]
@@ -165,6 +175,20 @@ class StoreActivities:
             if worker.vm == request.vm and worker.state != "revoked":
                 self._records.set_worker_state(worker.id, "revoked", worker.job)
 
+    @activity.defn(name="mark_placed")
+    async def mark_placed(self, request: PlacedInput) -> None:
+        """At ready: the job's reserved workers become busy, its machines' rows running."""
+        await asyncio.to_thread(self._mark_placed, request)
+
+    def _mark_placed(self, request: PlacedInput) -> None:
+        for vm in request.vms:
+            if self._records.get_vm(vm) is not None:
+                self._records.set_vm_status(vm, "running")
+        for worker_id in request.worker_ids:
+            worker = self._records.get_worker(worker_id)
+            if worker is not None and worker.state == "reserved":
+                self._records.set_worker_state(worker_id, "busy", request.job)
+
     @activity.defn(name="record_orphan")
     async def record_orphan(self, request: OrphanInput) -> None:
         node = request.node
@@ -182,6 +206,7 @@ class StoreActivities:
             )
 
         await asyncio.to_thread(record)
+        metrics.orphan_found(node.provider)
 
     @activity.defn(name="release_job_workers")
     async def release_job_workers(self, request: ReleaseInput) -> ReleasedWorkers:

@@ -7,8 +7,9 @@ The token is checked by its SHA-256 (unknown, used and expired tokens are 401), 
 bound to one VM row (a managed node) or one reservation label (an existing worker). Identity —
 provider, region, label, job — comes from that record; claims in the body that disagree are
 logged and ignored. A managed node's job learns of it through the `register_worker` Update,
-which carries only the worker id and capabilities; if the job refuses it (409) or cannot be
-reached (503), the database transaction is rolled back, so a rejected request changes nothing.
+which carries only the worker id and capabilities. If the job refuses it (409) or cannot be
+reached (503), the claim is taken back, so a rejected request changes nothing and the node may
+retry with the same token.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from providers.base import Model
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
-# The registration's database transaction stays open while the job is asked; bound it.
+# How long a registration waits for the job to accept it before answering 503.
 UPDATE_TIMEOUT = timedelta(seconds=10)
 TOKEN_ERRORS = {
     "unknown": "unknown join token",
@@ -135,22 +136,26 @@ async def _register(
     records: Records, notify_job: JobNotifier, body: RegisterRequest
 ) -> RegisterResponse:
     # The claim commits before the job is asked, so no database lock is held across the
-    # Temporal call (a second node registering meanwhile must not wait on the first). A
-    # refusal then takes the claim back: the database ends as if the request never came.
+    # Temporal call (a second node registering meanwhile must not wait on the first). If the
+    # job does not take it, the claim is taken back: the database ends as if the request
+    # never came, and the node may retry with the same token. (A 503 can hide an Update that
+    # did land; the retry then registers a new worker id, which the job accepts in place of
+    # the first while it is still waiting for this node.)
     try:
         claim = await asyncio.to_thread(_claim, records, body)
     except TokenRejected as rejected:
         raise HTTPException(401, TOKEN_ERRORS.get(rejected.reason, "invalid token")) from None
-    if claim.vm is not None and claim.job is not None:
-        registration = WorkerRegistration(
-            vm=claim.vm, worker_id=claim.worker_id, capabilities=body.capabilities
-        )
-        try:
-            await _notify(notify_job, claim.job, registration)
-        except HTTPException:
-            digest = Records.hash_token(body.token)
-            await asyncio.to_thread(records.undo_registration, digest, claim.worker_id)
-            raise
+    if claim.vm is None or claim.job is None:
+        return claim  # an existing worker: no job to tell
+    registration = WorkerRegistration(
+        vm=claim.vm, worker_id=claim.worker_id, capabilities=body.capabilities
+    )
+    try:
+        await _notify(notify_job, claim.job, registration)
+    except HTTPException:
+        digest = Records.hash_token(body.token)
+        await asyncio.to_thread(records.undo_registration, digest, claim.worker_id)
+        raise
     return claim
 
 

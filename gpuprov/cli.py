@@ -5,6 +5,7 @@
     gpuprov submit job.yaml [--wait]  start a job (workflow id job-<name>)
     gpuprov status NAME | list | release NAME | cancel NAME | offers --gpu H100
     gpuprov api                       the control-plane API (nodes register here)
+    gpuprov setup                     once per cluster: migrations, namespace, search attributes
     gpuprov token create --label L    a single-use join token for a box you own
     gpuprov join --url U              on that box: probe it, register it as an existing worker
 Connection settings come from gpuprov.toml (--config or GPUPROV_CONFIG) and the environment
@@ -27,6 +28,7 @@ from pydantic import ValidationError
 
 from gpuprov import agent
 from gpuprov import demo as demo_module
+from gpuprov import setup as cluster_setup
 from gpuprov.api import create_app, serving, temporal_notifier
 from gpuprov.client import GpuprovClient, GpuprovError
 from gpuprov.config import ConfigError, Settings, load_settings
@@ -76,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     offers.add_argument("--provider", action="append", dest="providers")
     offers.add_argument("--region", action="append", dest="regions")
     commands.add_parser("api", help="run the control-plane API until Ctrl-C")
+    cluster_setup.add_parser(commands)
     token = commands.add_parser("token", help="join tokens for machines you own")
     token_commands = token.add_subparsers(dest="token_command", required=True)
     create = token_commands.add_parser("create", help="mint a single-use join token (shown once)")
@@ -128,8 +131,8 @@ async def _status(settings: Settings, args: argparse.Namespace) -> int:
 async def _list(settings: Settings, args: argparse.Namespace) -> int:
     state = JobState(args.state) if args.state else None
     jobs = await (await _client(settings)).list(state=state, provider=args.provider)
-    for name, job_state, provider in jobs:
-        print(f"{name:40} {job_state.value:13} {provider or '-'}")
+    for job in jobs:
+        print(f"{job.name:40} {job.state.value:13} {job.provider or '-'}")
     return 0
 
 
@@ -165,6 +168,7 @@ async def _dev(settings: Settings, args: argparse.Namespace) -> int:
     settings = with_default_cloud(settings)
     async with dev_stack(settings) as stack:
         print(f"Temporal dev server at {stack.address}, Web UI at {stack.ui_url}")
+        print(f"control-plane API at {stack.api_url}")
         print(
             f"worker on task queue {settings.temporal.task_queue}; "
             f"providers: {', '.join(settings.providers.enabled_ids())}. Ctrl-C stops."
@@ -217,8 +221,8 @@ async def _token(settings: Settings, args: argparse.Namespace) -> int:
     print(token)
     print(
         f"single-use join token for label {args.label!r}, valid {ttl}s, shown only now. "
-        f"On the GPU box: gpuprov join --url {settings.api.url} --token <token> "
-        f"(or --token-file FILE / ${agent.TOKEN_ENV}, which keep it out of `ps`)",
+        f"On the GPU box: gpuprov join --url {settings.api.url} --token-file FILE "
+        f"(or ${agent.TOKEN_ENV}; both keep it out of `ps`)",
         file=sys.stderr,
     )
     return 0
@@ -250,6 +254,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], Awaitable[int]]] = 
     "offers": _offers,
     "dev": _dev,
     "api": _api,
+    "setup": cluster_setup.command,
     "token": _token,
     "join": _join,
 }

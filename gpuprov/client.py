@@ -4,6 +4,11 @@ client = await GpuprovClient.connect("localhost:7233")
 handle = await client.submit(JobSpec(name="train-7b", nodes=2, resources=...))
 status = await handle.wait_ready(timeout=1800)
 await handle.release()
+final = await handle.result()
+jobs = await client.list(state=JobState.READY, provider="lambda")  # [JobSummary]
+
+Every failure is a GpuprovError (JobNotFound, JobAlreadyExists) whose message says what went
+wrong; a wait that runs out raises TimeoutError. examples/sdk_service.py is a worked example.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timedelta
 
 from temporalio.client import (
     Client,
@@ -28,7 +34,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from gpuprov import search_attributes
 from gpuprov.models import JobSpec, JobState, JobStatus, workflow_id_for
-from providers.base import ResourceRequest
+from providers.base import Model, ResourceRequest
 from workflows.offers import OffersQuery, OffersResult, PlanOffers
 
 DEFAULT_TASK_QUEUE = "gpuprov"
@@ -51,6 +57,18 @@ class JobNotFound(GpuprovError):
 
 class JobAlreadyExists(GpuprovError):
     pass
+
+
+class JobSummary(Model):
+    """One row of `GpuprovClient.list`: what the job's search attributes say."""
+
+    name: str
+    state: JobState
+    provider: str | None = None  # the offer in use (or last tried)
+    region: str | None = None
+    gpu: str | None = None
+    started_at: datetime | None = None
+    closed_at: datetime | None = None
 
 
 class JobHandle:
@@ -91,8 +109,11 @@ class JobHandle:
                 raise TimeoutError(f"job {self.name!r} still {status.state.value} after {timeout}s")
             await asyncio.sleep(poll_interval)
 
-    async def wait_ready(self, timeout: float = 3600) -> JobStatus:
-        status = await self.wait_for(lambda s: s.state is JobState.READY, timeout)
+    async def wait_ready(
+        self, timeout: float = 3600, on_change: Callable[[JobStatus], None] | None = None
+    ) -> JobStatus:
+        """The status once ready; GpuprovError with the job's error if it ended instead."""
+        status = await self.wait_for(lambda s: s.state is JobState.READY, timeout, on_change)
         if status.state is not JobState.READY:
             raise GpuprovError(f"job {self.name!r} ended {status.state.value}: {status.error}")
         return status
@@ -101,7 +122,16 @@ class JobHandle:
         await self._running_only(self._handle.signal("release"))
 
     async def cancel(self) -> None:
-        await self._running_only(self._handle.cancel())
+        """Cancel the job; whatever it holds is torn down before it ends `cancelled`."""
+        await self._running_only(self._cancel_if_running())
+
+    async def _cancel_if_running(self) -> None:
+        # The server accepts a cancel of a closed workflow silently; say it did nothing.
+        description = await self._handle.describe()
+        ended = _CLOSED_STATES.get(description.status) if description.status else None
+        if ended is not None:
+            raise JobNotFound(f"no running job named {self.name!r}: it ended {ended.value}")
+        await self._handle.cancel()
 
     async def _running_only(self, call: Awaitable[None]) -> None:
         try:
@@ -113,9 +143,29 @@ class JobHandle:
 
     async def result(self) -> JobStatus:
         """Wait for the job to end; the final status whatever the outcome."""
-        with contextlib.suppress(WorkflowFailureError):
-            await self._handle.result()
+        try:
+            with contextlib.suppress(WorkflowFailureError):
+                await self._handle.result()
+        except RPCError as error:
+            if error.status is RPCStatusCode.NOT_FOUND:
+                raise JobNotFound(f"no job named {self.name!r}") from None
+            raise GpuprovError(f"cannot wait for job {self.name!r}: {error}") from None
         return await self.status()
+
+
+def _spec_details(spec: JobSpec) -> str:
+    """What the Temporal UI shows under Details: the ask at a glance (markdown)."""
+    resources = spec.resources
+    cap = f"{spec.max_hourly_cost:g} USD/hour" if spec.max_hourly_cost is not None else "none"
+    lines = [
+        f"**{spec.nodes} node(s)** of {resources.gpus_per_node}x {resources.gpu or 'any GPU'}"
+        + (" (spot)" if resources.spot else ""),
+        f"- providers: {', '.join(spec.placement.providers or ['any'])}; "
+        f"regions: {', '.join(spec.placement.regions or ['any'])}",
+        f"- cost cap: {cap}; provisioning timeout: {spec.provisioning_timeout_seconds}s",
+        f"- release: {spec.release.value}",
+    ]
+    return "\n".join(lines)
 
 
 class GpuprovClient:
@@ -150,6 +200,7 @@ class GpuprovClient:
                 task_queue=self.task_queue,
                 search_attributes=TypedSearchAttributes(attributes),
                 static_summary=f"{spec.nodes}x {spec.resources.gpu or 'any'} for {spec.name}",
+                static_details=_spec_details(spec),
             )
         except WorkflowAlreadyStartedError:
             raise JobAlreadyExists(f"a job named {spec.name!r} is already running") from None
@@ -160,11 +211,14 @@ class GpuprovClient:
 
     async def list(
         self, state: JobState | None = None, provider: str | None = None, limit: int = 100
-    ) -> list[tuple[str, JobState, str | None]]:
-        """(name, state, provider) of recent jobs, newest first, via search attributes."""
+    ) -> list[JobSummary]:
+        """Recent jobs, newest first, filtered by the GpuprovState/GpuprovProvider search
+        attributes (Temporal's visibility lags a moment behind the jobs themselves)."""
         clauses = ["WorkflowType = 'ProvisionJob'"]
         if state is not None:
             clauses.append(f"{search_attributes.STATE.name} = '{state.value}'")
+            if not state.terminal:  # a terminated workflow keeps its last recorded state
+                clauses.append("ExecutionStatus = 'Running'")
         if provider is not None:
             clauses.append(f"{search_attributes.PROVIDER.name} = '{provider}'")
         jobs = []
@@ -172,17 +226,35 @@ class GpuprovClient:
             attrs = execution.typed_search_attributes
             recorded = attrs.get(search_attributes.STATE)
             job_state = _CLOSED_STATES.get(execution.status) or JobState(recorded or "queued")
-            name = execution.id.removeprefix("job-")
-            jobs.append((name, job_state, attrs.get(search_attributes.PROVIDER)))
+            jobs.append(
+                JobSummary(
+                    name=execution.id.removeprefix("job-"),
+                    state=job_state,
+                    provider=attrs.get(search_attributes.PROVIDER),
+                    region=attrs.get(search_attributes.REGION),
+                    gpu=attrs.get(search_attributes.GPU),
+                    started_at=execution.start_time,
+                    closed_at=execution.close_time,
+                )
+            )
         return jobs
 
-    async def offers(self, query: OffersQuery) -> OffersResult:
-        return await self.temporal.execute_workflow(
-            PlanOffers.run,
-            query,
-            id=f"offers-{uuid.uuid4().hex[:12]}",
-            task_queue=self.task_queue,
-        )
+    async def offers(self, query: OffersQuery, timeout: float = 300) -> OffersResult:
+        """Offers a job would try, cheapest first, planned by a worker (it holds the keys)."""
+        try:
+            return await self.temporal.execute_workflow(
+                PlanOffers.run,
+                query,
+                id=f"offers-{uuid.uuid4().hex[:12]}",
+                task_queue=self.task_queue,
+                execution_timeout=timedelta(seconds=timeout),
+            )
+        except WorkflowFailureError as error:
+            cause = error.cause
+            reason = getattr(cause, "message", None) or str(cause)
+            raise GpuprovError(
+                f"planning offers failed ({reason}); is a worker polling {self.task_queue!r}?"
+            ) from None
 
 
 __all__ = [
@@ -191,6 +263,10 @@ __all__ = [
     "JobAlreadyExists",
     "JobHandle",
     "JobNotFound",
+    "JobSpec",
+    "JobState",
+    "JobStatus",
+    "JobSummary",
     "OffersQuery",
     "ResourceRequest",
 ]

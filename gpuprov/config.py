@@ -1,8 +1,9 @@
 """Settings: one `gpuprov.toml` (path by flag or GPUPROV_CONFIG) plus environment overrides.
 
-Sections: `[temporal]`, `[database]`, `[api]`, `[jobs]`, `[providers.<id>]`. Any setting can be
-overridden by an environment variable named after its path with double underscores, e.g.
-`GPUPROV_TEMPORAL__ADDRESS=temporal:7233` or `GPUPROV_PROVIDERS__FAKE__BOOT_DELAY_SECONDS=5`.
+Sections: `[temporal]`, `[database]`, `[api]`, `[jobs]`, `[metrics]`, `[providers.<id>]`. Any
+setting can be overridden by an environment variable named after its path with double
+underscores, e.g. `GPUPROV_TEMPORAL__ADDRESS=temporal:7233` or
+`GPUPROV_METRICS__BIND=0.0.0.0:9464`.
 Arrays and inline tables are read as TOML literals; every other value is text that the setting's
 type converts (numbers, booleans), so a numeric-looking string setting stays a string.
 """
@@ -59,6 +60,12 @@ class JobsSettings(Model):
 
     block_ttl_seconds: int = Field(default=900, ge=1)  # a stockout steers other jobs this long
     join_token_ttl_seconds: int = Field(default=3600, ge=1)
+
+
+class MetricsSettings(Model):
+    """The worker's Prometheus endpoint: Temporal SDK metrics and gpuprov_* on one /metrics."""
+
+    bind: str | None = None  # host:port, e.g. "0.0.0.0:9464"; None = no endpoint
 
 
 class ProviderSettings(Model):
@@ -170,6 +177,7 @@ class Settings(Model):
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
     jobs: JobsSettings = Field(default_factory=JobsSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     providers: ProvidersSettings = Field(default_factory=ProvidersSettings)
 
     @property

@@ -9,12 +9,15 @@ from datetime import timedelta
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.runtime import PrometheusConfig, TelemetryConfig
+from temporalio.runtime import Runtime as TemporalRuntime
 from temporalio.worker import Worker
 
 from activities.cloud import CloudActivities
 from activities.enrolment import Enrolment
 from activities.store import StoreActivities
-from gpuprov.config import JobsSettings, Settings, TemporalSettings
+from gpuprov import metrics
+from gpuprov.config import ConfigError, JobsSettings, MetricsSettings, Settings, TemporalSettings
 from gpuprov.db import Database
 from gpuprov.records import Records
 from providers import build
@@ -25,12 +28,32 @@ from workflows.offers import PlanOffers
 WORKFLOWS = [ProvisionJob, PlanOffers]
 
 
-async def connect(settings: TemporalSettings) -> Client:
+async def connect(settings: TemporalSettings, runtime: TemporalRuntime | None = None) -> Client:
+    """A client for the cluster; a worker built on it reports metrics through `runtime`."""
     return await Client.connect(
         settings.address,
         namespace=settings.namespace,
         data_converter=pydantic_data_converter,
+        runtime=runtime,
     )
+
+
+def metrics_runtime(settings: MetricsSettings) -> TemporalRuntime | None:
+    """A Temporal runtime serving Prometheus on `settings.bind` (None when metrics are off).
+
+    The Temporal SDK's own metrics (temporal_*) and gpuprov's (gpuprov/metrics.py, recorded
+    through Temporal's metric meters) share its /metrics. Each runtime binds its port once:
+    build one per process.
+    """
+    if settings.bind is None:
+        return None
+    prometheus = PrometheusConfig(
+        bind_address=settings.bind, histogram_bucket_overrides=metrics.HISTOGRAM_BUCKETS
+    )
+    try:
+        return TemporalRuntime(telemetry=TelemetryConfig(metrics=prometheus))
+    except ValueError as error:  # bad address, port in use
+        raise ConfigError(f"metrics.bind {settings.bind!r}: {error}") from None
 
 
 def build_worker(

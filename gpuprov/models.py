@@ -245,7 +245,8 @@ class NodeInstance(Model):
     region: str
     zone: str | None = None
     instance_ids: list[str] = Field(default_factory=list)
-    status: str = "requested"  # requested / running / terminated / kept / leaked
+    # requested / running / terminated / kept / leaked / not_created (failed before any id)
+    status: str = "requested"
     ssh: SshEndpoint | None = None
     worker_id: str | None = None  # set when the node registered through the API
     capabilities: WorkerCapabilities | None = None

@@ -15,7 +15,7 @@ from gpuprov.config import FakeInstanceType, FakeProviderConfig, FakeRegion, Fau
 from gpuprov.engine import build_worker, open_records
 from gpuprov.models import JobSpec, JobState, JobStatus
 from gpuprov.records import Records
-from providers.fake import FakeCloud
+from providers.fake import FakeCloud, FakeCloudState
 
 # Two regions; r1 has two zones at the same price, r2 is dearer. Offers, in the order a job
 # tries them: fake/r1-a/gpu8 (10), fake/r1-b/gpu8 (10), fake/r2-a/gpu8 (12).
@@ -95,6 +95,19 @@ async def ready_then_release(handle: JobHandle, timeout: float = 60) -> tuple[Jo
 def assert_nothing_left(cloud: FakeCloud) -> None:
     assert cloud.live_instances() == [], "instances left running"
     assert cloud.state.live_side_resources() == [], "side resources left behind"
+
+
+def node_of(vm: str) -> str:
+    """`<job>-a<n>-n<i>` of a VM identity, without the run tag the workflow appends."""
+    return vm.rsplit("-", 1)[0]
+
+
+def creates_by_node(state: FakeCloudState) -> dict[str, int]:
+    """Instances ever created, per `<job>-a<n>-n<i>` (run tags stripped)."""
+    creates: dict[str, int] = {}
+    for vm, count in state.creates_per_vm().items():
+        creates[node_of(vm)] = creates.get(node_of(vm), 0) + count
+    return creates
 
 
 def assert_one_create_per_vm(cloud: FakeCloud) -> None:

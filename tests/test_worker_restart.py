@@ -22,7 +22,7 @@ from gpuprov.engine import open_records
 from gpuprov.models import JobState
 from gpuprov.records import Records
 from providers.fake import FakeCloudState
-from tests.helpers import job, until
+from tests.helpers import creates_by_node, job, until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -115,7 +115,7 @@ async def finish_and_check(stack: Stack, handle, job_name: str, nodes: int) -> N
     ledger = FakeCloudState(str(stack.ledger))
     try:
         expected = {f"{job_name}-a1-n{i}": 1 for i in range(nodes)}
-        assert ledger.creates_per_vm() == expected  # no duplicate
+        assert creates_by_node(ledger) == expected  # no duplicate
         assert ledger.live_instances(delete_delay=0.2) == []
         assert ledger.live_side_resources() == []
     finally:

@@ -30,6 +30,14 @@ with workflow.unsafe.imports_passed_through():
     )
 
 
+def vm_run_tag(run_id: str) -> str:
+    """Six hex digits from the random end of the job's first run id (UUIDv7 starts with a
+    timestamp). A job name can be submitted again once its job ended; the tag keeps each run's
+    VM identities, rows and cloud labels apart, so nothing of an earlier run is ever adopted.
+    It stays the same across resets and continue-as-new."""
+    return run_id.replace("-", "")[-6:]
+
+
 class AttemptSaga:
     def __init__(
         self,
@@ -45,11 +53,12 @@ class AttemptSaga:
         self.hints = hints
         self.stack = stack
         self._waiting = waiting
+        run_tag = vm_run_tag(workflow.info().first_execution_run_id)
         self.nodes = [
             NodeInstance(
                 attempt=attempt.number,
                 node_index=index,
-                vm=f"{spec.name}-a{attempt.number}-n{index}",
+                vm=f"{spec.name}-a{attempt.number}-n{index}-{run_tag}",
                 provider=self.offer.provider,
                 region=self.offer.region,
                 zone=self.offer.zone,

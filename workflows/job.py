@@ -11,6 +11,7 @@ Read top to bottom, `run` is DESIGN.md's lifecycle:
 4. ready: wait for `release` (signal) or cancellation;
 5. release: terminate and confirm gone (or keep); workers revoked, existing ones freed.
 `provisioning_timeout_seconds` bounds steps 2-3; cancellation at any moment still unwinds.
+State changes, attempts, failovers and time to ready are counted in workflows/metrics.py.
 """
 
 from __future__ import annotations
@@ -27,9 +28,11 @@ with workflow.unsafe.imports_passed_through():
     from activities.store import (
         BlockInput,
         CostInput,
+        PlacedInput,
         ReleaseInput,
         ReserveInput,
         StoreActivities,
+        VmStatusInput,
     )
     from gpuprov import search_attributes
     from gpuprov.models import (
@@ -44,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
         WorkerRegistration,
     )
     from providers.base import Capabilities, Offer
-    from workflows import policy
+    from workflows import metrics, policy
     from workflows.attempt import AttemptSaga
     from workflows.compensation import (
         Compensation,
@@ -85,35 +88,46 @@ class ProvisionJob:
 
     @register_worker.validator
     def _accepts_registration(self, registration: WorkerRegistration) -> None:
-        """Only a node of the attempt in progress, once (rejected updates leave no history)."""
+        """Only a node of the attempt in progress, while the job provisions (rejected updates
+        leave no history). A node registering again replaces its earlier worker id: the API
+        takes back a claim whose answer it could not confirm, so the node's retry is the
+        registration of record (single-use tokens mean only that node can retry)."""
         current = len(self._status.attempts)
         node = next((n for n in self._status.nodes if n.vm == registration.vm), None)
         if node is None or node.attempt != current or node.status not in ("requested", "running"):
             raise ValueError(f"{registration.vm} is not a node this job is waiting for")
         if self._status.state is not JobState.PROVISIONING:
             raise ValueError(f"job is {self._status.state.value}, not provisioning")
-        if node.worker_id is not None and node.worker_id != registration.worker_id:
-            raise ValueError(f"{registration.vm} already registered as {node.worker_id}")
 
     @workflow.run
     async def run(self, spec: JobSpec) -> JobStatus:
         if spec.resources.gpu:
             workflow.upsert_search_attributes([search_attributes.GPU.value_set(spec.resources.gpu)])
+        metrics.job_state(JobState.QUEUED)
         try:
-            if not await self._reserve_existing_workers():
+            if await self._reserve_existing_workers():
+                metrics.provisioning_seconds("existing_worker")
+            else:
                 await self._provision_within_timeout()
+                metrics.provisioning_seconds("provisioned")
+            await self._mark_placed()
             self._set_state(JobState.READY, "release: signal `release` or cancel the workflow")
             await workflow.wait_condition(lambda: self._release_requested)
             await self._release()
             self._set_state(JobState.COMPLETED)
             return self._status
         except asyncio.CancelledError:
+            if self._status.state is JobState.PROVISIONING:
+                metrics.provisioning_seconds("cancelled")
             self._set_state(JobState.RELEASING, "teardown after cancellation")
             await self._unwind(teardown=True)
             await self._free_workers()
             self._set_state(JobState.CANCELLED)
             raise
-        except JobFailed as failure:
+        except (JobFailed, StepFailure) as failure:
+            # StepFailure here is a bookkeeping step (database) that failed for good outside
+            # any attempt: the job fails and releases what it holds, it never hangs.
+            metrics.provisioning_seconds("failed")
             await self._unwind(teardown=True)  # nothing is left by now; kept as a guarantee
             await self._free_workers()
             self._status.error = str(failure)
@@ -139,13 +153,35 @@ class ProvisionJob:
         return bool(reserved)
 
     async def _free_workers(self) -> None:
-        """Existing workers back to idle, managed workers revoked (idempotent)."""
+        """Existing workers back to idle, managed workers revoked (idempotent). Runs on every
+        ending, so it records a failure instead of raising one."""
+        try:
+            await run_step(
+                "release_workers",
+                StoreActivities.release_job_workers,
+                ReleaseInput(job=self._spec.name),
+                start_to_close_timeout=SHORT_STEP,
+                retry_policy=policy.TEARDOWN_RETRY,
+            )
+        except StepFailure as failure:
+            self._status.leaks.append(f"workers of {self._spec.name} not freed: {failure}")
+
+    async def _mark_placed(self) -> None:
+        """The job runs now: its workers are busy, its machines' rows say running."""
+        placed = self._status.live_nodes()
         await run_step(
-            "release_workers",
-            StoreActivities.release_job_workers,
-            ReleaseInput(job=self._spec.name),
+            "mark_placed",
+            StoreActivities.mark_placed,
+            PlacedInput(
+                job=self._spec.name,
+                vms=[node.vm for node in placed],
+                worker_ids=[
+                    *(node.worker_id for node in placed if node.worker_id),
+                    *(worker.worker_id for worker in self._status.existing_workers),
+                ],
+            ),
             start_to_close_timeout=SHORT_STEP,
-            retry_policy=policy.TEARDOWN_RETRY,
+            retry_policy=policy.STORE_RETRY,
         )
 
     # ------------------------------------------------------------------ provisioning
@@ -220,6 +256,7 @@ class ProvisionJob:
         attempt = Attempt(number=len(self._status.attempts) + 1, offer=offer)
         self._status.attempts.append(attempt)
         self._stack = CompensationStack()
+        metrics.offer_tried(offer)
         workflow.upsert_search_attributes(
             [
                 search_attributes.PROVIDER.value_set(offer.provider),
@@ -248,9 +285,13 @@ class ProvisionJob:
     async def _fail_attempt(self, attempt: Attempt, failure: StepFailure) -> None:
         attempt.outcome = AttemptOutcome.FAILED
         attempt.step, attempt.kind, attempt.message = failure.step, failure.kind, failure.message
+        metrics.failover(failure.kind, attempt.offer)
         action = policy.action_for(failure.kind)
         self._waiting(f"teardown of attempt #{attempt.number}")
         await self._unwind(teardown=action.teardown)
+        for node in self._status.nodes:
+            if node.attempt == attempt.number and node.status == "requested":
+                node.status = "not_created"  # teardown skipped: no create reported an id
         scope = BlockScope(failure.block_scope) if failure.block_scope else action.block
         if scope is not None:
             await self._add_block(scope, _block_key(scope, attempt.offer), failure)
@@ -264,6 +305,7 @@ class ProvisionJob:
             return
         quote = offer.price.model_copy(update={"amount": offer.price.amount * self._spec.nodes})
         self._status.hourly_cost = quote
+        metrics.estimated_spend(offer.provider, quote)
         await run_step(
             "record_cost",
             StoreActivities.record_cost,
@@ -276,9 +318,19 @@ class ProvisionJob:
     async def _release(self) -> None:
         self._set_state(JobState.RELEASING, "terminating instances")
         if self._spec.release is ReleasePolicy.KEEP:
+            self._stack.discard()  # first: nothing after this may tear the machines down
             for node in self._status.live_nodes():
                 node.status = "kept"
-            self._stack.discard()
+                try:
+                    await run_step(
+                        "mark_vm",
+                        StoreActivities.mark_vm,
+                        VmStatusInput(vm=node.vm, status="kept"),
+                        start_to_close_timeout=SHORT_STEP,
+                        retry_policy=policy.STORE_RETRY,
+                    )
+                except StepFailure as failure:
+                    self._status.leaks.append(f"{node.vm} kept but not recorded: {failure}")
             await self._free_workers()
             return
         await self._unwind(teardown=True)
@@ -309,6 +361,7 @@ class ProvisionJob:
     def _set_state(self, state: JobState, waiting_for: str | None = None) -> None:
         if state is not self._status.state:  # each upsert is a history event
             workflow.upsert_search_attributes([search_attributes.STATE.value_set(state.value)])
+            metrics.job_state(state)
         self._status.state = state
         self._status.waiting_for = waiting_for
         self._publish_details()

@@ -73,6 +73,13 @@ FORWARD_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=30),
     maximum_attempts=5,
 )
+# Database steps ride out a short outage (about 5 minutes) before the job gives up.
+STORE_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=14,
+)
 # Teardown steps try harder: giving up means a possible orphan for the reconciler.
 TEARDOWN_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),

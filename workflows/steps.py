@@ -22,13 +22,20 @@ SHORT_STEP = timedelta(seconds=30)
 CLOUD_STEP = timedelta(minutes=5)
 WAIT_MARGIN = timedelta(minutes=2)
 MIN_HEARTBEAT = 5.0
+# Bookkeeping steps (the database): a short outage is waited out, not failed over.
+STORE_STEPS = frozenset(
+    {"reserve", "blocks", "record_cost", "record_block", "mark_vm", "mark_placed"}
+)
 # create heartbeats while the cloud call runs, so a dead worker is noticed in seconds.
 CREATE_HEARTBEAT = timedelta(seconds=10)
 
 
 async def run_step(step: str, activity: Any, *args: Any, **options: Any) -> Any:
     """Execute one activity; a failure comes back as StepFailure(step, kind, cloud's words)."""
-    options.setdefault("retry_policy", policy.FORWARD_RETRY)
+    options.setdefault(
+        "retry_policy",
+        policy.STORE_RETRY if step in STORE_STEPS else policy.FORWARD_RETRY,
+    )
     options.setdefault("start_to_close_timeout", CLOUD_STEP)
     try:
         return await workflow.execute_activity_method(activity, *args, **options)

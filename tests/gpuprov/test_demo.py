@@ -32,14 +32,21 @@ async def test_demo_fails_over_reaches_ready_releases_and_leaves_no_process():
     assert "0 live instance(s), 0 side resource(s)" in out
     # attempt 1 landed one of its two nodes (either) before the stockout, and tore it down;
     # every VM was created exactly once.
+    tag = r"-[0-9a-f]{6}"  # every VM identity ends with the job's run tag
     landed = re.search(
-        r"attempt 1 node (\d) demo-train-a1-n\1 \[fake/us-east-1\] fake-i-000001: terminated", out
+        rf"attempt 1 node (\d) demo-train-a1-n\1{tag} \[fake/us-east-1\] fake-i-000001: terminated",
+        out,
     )
     assert landed, out
-    assert f"demo-train-a1-n{landed.group(1)}=1, demo-train-a2-n0=1, demo-train-a2-n1=1" in out
+    ledger = re.search(r"instances ever created per VM: (.*)", out)
+    assert ledger, out
+    created = sorted(re.sub(tag, "", entry) for entry in ledger.group(1).split(", "))
+    assert created == sorted(
+        [f"demo-train-a1-n{landed.group(1)}=1", "demo-train-a2-n0=1", "demo-train-a2-n1=1"]
+    )
     # the nodes of the winning attempt registered through the real API with their tokens
     for node in ("demo-train-a2-n0", "demo-train-a2-n1"):
-        assert f"{node} registered through the API as worker" in out
+        assert re.search(rf"{node}{tag} registered through the API as worker", out), out
     assert out.count("8 x NVIDIA H100; driver 550.54.15; CUDA 12.4; 208 CPUs") >= 2
     assert "GPU runtime OK" in out
     assert "Temporal UI for this job: http://127.0.0.1:" in out

@@ -25,6 +25,7 @@ from tests.helpers import (
     fake_worker,
     fast_cloud,
     job,
+    node_of,
     ready_then_release,
 )
 
@@ -129,7 +130,7 @@ async def test_fault_matrix(
             assert kind.value in final.leaks[0]
             if primitive == "delete":
                 orphans = records.open_orphans()
-                assert [o.vm for o in orphans] == [f"{job_name}-a1-n0"]
+                assert [node_of(o.vm) for o in orphans] == [f"{job_name}-a1-n0"]
                 assert kind.value in orphans[0].last_error
         else:
             assert_nothing_left(cloud)

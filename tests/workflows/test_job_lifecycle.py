@@ -14,6 +14,7 @@ from tests.helpers import (
     OFFER_B,
     assert_nothing_left,
     assert_one_create_per_vm,
+    creates_by_node,
     fake_worker,
     fast_cloud,
     job,
@@ -32,7 +33,7 @@ async def test_lost_create_response_adopts_the_instance_instead_of_duplicating(
         handle = await gpuprov.submit(job(job_name))
         at_ready, final = await ready_then_release(handle)
         assert at_ready.state is JobState.READY
-        assert cloud.state.creates_per_vm() == {f"{job_name}-a1-n0": 1}
+        assert creates_by_node(cloud.state) == {f"{job_name}-a1-n0": 1}
         assert [a.offer.id for a in at_ready.attempts] == [OFFER_A]
         assert at_ready.nodes[0].instance_ids == ["fake-i-000001"]
         assert final.state is JobState.COMPLETED
@@ -86,7 +87,7 @@ async def test_three_node_job_with_one_failed_node_tears_down_the_whole_attempt(
         running = [n for n in at_ready.nodes if n.attempt == 2]
         assert [n.status for n in running] == ["running"] * 3
         assert all(n.ssh is not None for n in running)
-        creates = cloud.state.creates_per_vm()
+        creates = creates_by_node(cloud.state)
         assert creates == {f"{job_name}-a{a}-n{n}": 1 for a in (1, 2) for n in range(3)}
         assert final.state is JobState.COMPLETED
         assert_nothing_left(cloud)
@@ -237,7 +238,7 @@ async def test_search_attributes_and_list_follow_the_job(client, task_queue, job
             await asyncio.sleep(0.1)
         assert found == [f"job-{job_name}"]
         listed = await gpuprov.list(state=JobState.READY, provider="fake")
-        assert (job_name, JobState.READY, "fake") in listed
+        assert (job_name, JobState.READY, "fake") in [(j.name, j.state, j.provider) for j in listed]
         await handle.release()
         await handle.result()
 
@@ -254,3 +255,17 @@ async def test_duplicate_job_name_is_refused(client, task_queue, job_name):
             assert job_name in str(error)
         await handle.cancel()
         await handle.result()
+
+
+async def test_unavailable_create_leaves_a_not_created_node_that_is_never_placed(
+    client, task_queue, job_name
+):
+    nope = FaultRule(primitive="create", kind=ErrorKind.UNAVAILABLE, offer=OFFER_A)
+    async with fake_worker(client, task_queue, fast_cloud([nope])) as (gpuprov, cloud):
+        at_ready, final = await ready_then_release(await gpuprov.submit(job(job_name)))
+        first, second = at_ready.nodes
+        assert (first.attempt, first.status) == (1, "not_created")
+        assert (second.attempt, second.status) == (2, "running")
+        assert at_ready.live_nodes() == [second]
+        assert final.state is JobState.COMPLETED
+        assert_nothing_left(cloud)

@@ -193,7 +193,7 @@ async def test_an_idle_existing_worker_is_used_before_any_cloud_machine(
         at_ready = await until(handle, lambda s: s.state is JobState.READY)
         assert [w.worker_id for w in at_ready.existing_workers] == [worker_id]
         assert at_ready.attempts == [] and at_ready.nodes == []
-        assert sqlite_records.get_worker(worker_id).state == "reserved"
+        assert sqlite_records.get_worker(worker_id).state == "busy"  # placed: the job runs on it
         await handle.release()
         final = await handle.result()
         assert cloud.state.creates_per_vm() == {}  # no cloud machine was paid for
@@ -291,3 +291,40 @@ async def test_a_token_for_a_vm_the_job_is_not_waiting_for_is_refused_and_change
         ]
         await handle.release()
         await handle.result()
+
+
+async def test_a_job_name_used_again_gets_its_own_vm_identities_and_rows(
+    client, task_queue, job_name, sqlite_records, api_url
+):
+    async with fake_worker(client, task_queue, agent_cloud(), sqlite_records, api_url) as (
+        gpuprov,
+        cloud,
+    ):
+        first, _ = await ready_then_release(await gpuprov.submit(job(job_name)))
+        handle = await gpuprov.submit(job(job_name))  # the first run ended: the name is free
+        second = await until(handle, lambda s: s.state is JobState.READY)
+        assert first.nodes[0].vm != second.nodes[0].vm  # each run has its own identity
+        rows_by_vm = {v.vm: v for v in sqlite_records.vms_for_job(job_name)}
+        assert rows_by_vm[first.nodes[0].vm].status == "terminated"
+        assert rows_by_vm[second.nodes[0].vm].status == "running"  # placed
+        workers = {w.vm: w.state for w in rows(sqlite_records, WorkerRecord)}
+        assert workers == {first.nodes[0].vm: "revoked", second.nodes[0].vm: "busy"}
+        await handle.release()
+        await handle.result()
+        assert sorted(cloud.state.creates_per_vm().values()) == [1, 1]
+        assert_nothing_left(cloud)
+
+
+async def test_release_keep_records_the_machines_as_kept_and_leaves_them_running(
+    client, task_queue, job_name, sqlite_records, api_url
+):
+    async with fake_worker(client, task_queue, agent_cloud(), sqlite_records, api_url) as (
+        gpuprov,
+        cloud,
+    ):
+        _, final = await ready_then_release(await gpuprov.submit(job(job_name, release="keep")))
+        assert final.state is JobState.COMPLETED
+        assert [n.status for n in final.nodes] == ["kept"]
+        assert len(cloud.live_instances()) == 1  # the user asked to keep it
+        assert [v.status for v in sqlite_records.vms_for_job(job_name)] == ["kept"]
+        assert sqlite_records.open_orphans() == []  # kept on purpose is not an orphan

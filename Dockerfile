@@ -1,0 +1,32 @@
+# One image for every gpuprov process: the worker (default), the control-plane API
+# (`gpuprov api`) and the one-shot cluster preparation (`gpuprov setup`).
+#
+# Dependencies come from the lock file (constraints.txt), so the image runs the versions CI
+# tested. Nothing secret is baked in: database password, cloud keys and gpuprov.toml reach the
+# container at run time through the environment or mounted files (see docker-compose.yml).
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /app
+
+# Only what the distribution needs (pyproject's packages, worker.py and its README); never the
+# working tree, which may hold a gpuprov.toml with credentials (.dockerignore guards it too).
+COPY pyproject.toml constraints.txt README.md worker.py ./
+COPY gpuprov ./gpuprov
+COPY workflows ./workflows
+COPY activities ./activities
+COPY providers ./providers
+RUN pip install --no-cache-dir -c constraints.txt .
+
+# A fixed, unprivileged user; .data is the default SQLite/data dir (unused with PostgreSQL).
+RUN useradd --system --uid 10001 --user-group --home-dir /app --no-create-home gpuprov \
+    && mkdir /app/.data && chown gpuprov:gpuprov /app/.data
+USER gpuprov
+
+# 8080: the control-plane API (gpuprov api). 9464: the worker's Prometheus metrics.
+EXPOSE 8080 9464
+
+CMD ["python", "worker.py"]
