@@ -13,16 +13,18 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+import sqlalchemy as sa
 from sqlmodel import select
 
 from gpuprov.api import create_app, serving, temporal_notifier
-from gpuprov.client import JobNotFound
+from gpuprov.client import JobNotFound, OffersQuery
 from gpuprov.config import FaultRule
 from gpuprov.db import CostRecord, JoinToken, VmRecord, WorkerRecord
 from gpuprov.dev import free_port
 from gpuprov.engine import open_records
 from gpuprov.models import AttemptOutcome, JobState, WorkerCapabilities
 from gpuprov.records import Records
+from providers.base import ResourceRequest
 from providers.errors import ErrorKind
 from tests.helpers import (
     OFFER_A,
@@ -230,24 +232,35 @@ async def test_many_jobs_racing_for_one_existing_worker_only_one_gets_it(
 
 
 async def test_no_secret_ever_enters_temporal_history(
-    client, task_queue, job_name, sqlite_records, api_url
+    client, task_queue, job_name, postgres_scratch
 ):
+    """Every join token (minted per node, and an operator's) and the configured database
+    password are absent from every history of the run, including the offers workflow."""
+    password = f"db-secret-{job_name}"
+    url = sa.make_url(postgres_scratch.create()).set(password=password)
+    url_text = url.render_as_string(hide_password=False)
+    records = open_records(url_text)  # trust auth: the password is configured, not checked
     lost = FaultRule(primitive="create", effect="lost_response", times=1)
-    async with fake_worker(client, task_queue, agent_cloud(lost), sqlite_records, api_url) as (
-        gpuprov,
-        cloud,
-    ):
-        handle = await gpuprov.submit(job(job_name, nodes=2))
-        await ready_then_release(handle)
-        secrets = {row.join_token for row in cloud.state.instances() if row.join_token}
-        existing_token = sqlite_records.mint_token(label="never-used", ttl=timedelta(minutes=5))
-        secrets.add(existing_token)
+    try:
+        async with (
+            control_plane(client, records) as api,
+            fake_worker(client, task_queue, agent_cloud(lost), records, api) as (gpuprov, cloud),
+        ):
+            handle = await gpuprov.submit(job(job_name, nodes=2))
+            await ready_then_release(handle)
+            await gpuprov.offers(OffersQuery(request=ResourceRequest(gpu="H100")))
+            secrets = {row.join_token for row in cloud.state.instances() if row.join_token}
+            secrets.add(records.mint_token(label="never-used", ttl=timedelta(minutes=5)))
+    finally:
+        records.db.dispose()
+        postgres_scratch.drop(url_text)
     assert len(secrets) == 3  # a token per node, and one operator token
+    secrets.add(password)
     histories = []
     async for execution in client.list_workflows(f"TaskQueue = '{task_queue}'"):
         history = await client.get_workflow_handle(execution.id).fetch_history()
         histories.append(history.to_json())
-    assert histories
+    assert len(histories) == 2  # the job and the offers query
     for text in histories:
         for secret in secrets:
             assert secret not in text
