@@ -7,7 +7,8 @@
   response never becomes a second machine. Before the cloud call it records the VM row and
   mints the node's join token (activities/enrolment.py); the token never leaves the activity.
 - delete: observes the VM identity and deletes every instance found plus the known ids.
-- wait_running / wait_gone: heartbeating loops over observe at the provider's poll_interval,
+- wait_running / wait_gone: heartbeating loops over observe at the provider's poll_interval
+  (through activities/observe_hub.py: all waits in one region share one list call),
   bounded by boot_timeout / delete_timeout (a missed deadline is Failed for that offer); the
   deadline travels in the heartbeat details, so a retried attempt keeps it.
 - observe / diagnose: read-only.
@@ -27,6 +28,7 @@ from temporalio import activity
 from activities.enrolment import Enrolment
 from activities.errors import classified, to_application_error
 from activities.heartbeat import Heartbeater
+from activities.observe_hub import ObserveHub
 from providers.base import (
     Capabilities,
     CloudProvider,
@@ -102,6 +104,7 @@ class CloudActivities:
     ) -> None:
         self._providers = providers
         self._enrolment = enrolment
+        self._observe_hub = ObserveHub()  # waits in one region share one list call
 
     def all(self) -> list[Any]:
         return [
@@ -179,6 +182,11 @@ class CloudActivities:
         await self._created(spec.vm, ids)
         return ids
 
+    async def _poll(
+        self, provider: CloudProvider, request: VmInput, interval: float
+    ) -> list[Observed] | None:
+        return await _observe_tolerating_transient(self._observe_hub, provider, request, interval)
+
     async def _created(self, vm: str, ids: list[str]) -> None:
         if self._enrolment is not None:
             await asyncio.to_thread(self._enrolment.created, vm, ids)
@@ -223,7 +231,7 @@ class CloudActivities:
         with classified():
             async with Heartbeater(progress) as heartbeat:
                 while True:
-                    observed = await _observe_tolerating_transient(provider, request)
+                    observed = await self._poll(provider, request, hints.poll_interval)
                     if observed is not None:
                         progress = _progressed(progress, observed)
                         heartbeat.update(progress)
@@ -255,7 +263,7 @@ class CloudActivities:
         with classified():
             async with Heartbeater(progress) as heartbeat:
                 while True:
-                    observed = await _observe_tolerating_transient(provider, request)
+                    observed = await self._poll(provider, request, hints.poll_interval)
                     if observed is not None:
                         progress = _progressed(progress, observed)
                         heartbeat.update(progress)
@@ -277,11 +285,12 @@ class CloudActivities:
 
 
 async def _observe_tolerating_transient(
-    provider: CloudProvider, request: VmInput
+    hub: ObserveHub, provider: CloudProvider, request: VmInput, interval: float
 ) -> list[Observed] | None:
-    """One poll; a Transient error is a missed poll (None), anything else propagates."""
+    """One poll through the shared hub; a Transient error is a missed poll (None), anything
+    else propagates."""
     try:
-        return await provider.observe(request.location, request.vm)
+        return await hub.observe(provider, request.location, request.vm, interval)
     except ProviderError as error:
         if error.kind is not ErrorKind.TRANSIENT:
             raise

@@ -95,7 +95,7 @@ class FakeInstanceType(Model):
     regions: list[str] | None = None  # None = every region
 
 
-FakePrimitive = Literal["plan", "prepare", "create", "observe", "delete", "cleanup"]
+FakePrimitive = Literal["plan", "prepare", "create", "observe", "list", "delete", "cleanup"]
 FaultEffect = Literal["error", "lost_response", "boot_failed", "boot_hang", "bad_runtime", "delay"]
 
 

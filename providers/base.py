@@ -9,6 +9,7 @@ Nothing above this module knows a cloud's name. The core calls these primitives 
 | prepare | idempotent per (VM, location); returns private JSON (journaled) | create the instance |
 | create | one attempt; label everything `gpuprov-<vm>` | wait for running, or retry |
 | observe | every non-terminated instance with the identity; Failed is reported | hide broken ones |
+| observe_region | optional: the same for every gpuprov VM of a region, one list call | be stale |
 | delete | request deletion; unknown or gone ids are success | wait |
 | cleanup | delete per-VM side resources; idempotent | touch shared resources |
 | diagnose | read-only findings; default derived from observe | change anything |
@@ -211,6 +212,12 @@ class CloudProvider(abc.ABC):
 
     @abc.abstractmethod
     async def observe(self, location: Location, vm: str) -> list[Observed]: ...
+
+    async def observe_region(self, location: Location) -> dict[str, list[Observed]] | None:
+        """Every non-terminated gpuprov instance in the region, by VM identity, in ONE list
+        call; None where the cloud cannot list by identity (the core then observes per VM).
+        Lets the core share one call among every job waiting in a region."""
+        return None
 
     @abc.abstractmethod
     async def delete(self, location: Location, vm: str, ids: list[str]) -> None: ...

@@ -10,6 +10,7 @@ Primitive -> what happens in the ledger:
   Stopping until delete_delay has passed after a delete. With `simulate_agent`, a Running
   instance's agent registers through the real API with the join token from its bootstrap
   (providers/fake/agent.py).
+- observe_region: the same for every VM in the region in one call (counted as "list").
 - delete: marks the given ids deleted (unknown ids are success).
 - cleanup: deletes the VM's side resources in the region.
 
@@ -120,6 +121,19 @@ class FakeCloud(CloudProvider):
             if instance.status is InstanceStatus.RUNNING:
                 self._boot_agent(row)
         return observed
+
+    async def observe_region(self, location: Location) -> dict[str, list[Observed]]:
+        await self._enter("list", region=location.region)
+        now = time.time()
+        by_vm: dict[str, list[Observed]] = {}
+        for row in self.state.instances(region=location.region):
+            instance = self._observed(row, now)
+            if instance is None:
+                continue
+            by_vm.setdefault(row.vm, []).append(instance)
+            if instance.status is InstanceStatus.RUNNING:
+                self._boot_agent(row)
+        return by_vm
 
     async def delete(self, location: Location, vm: str, ids: list[str]) -> None:
         await self._enter("delete", region=location.region, vm=vm)

@@ -1,9 +1,11 @@
 """The fault matrix: each ErrorKind injected at each primitive -> outcome, blocks, no leftovers.
 
 Faults hit offer A (or attempt 1's VMs); the policy decides whether the job stays on A (Transient
-retried), fails over to B (offer blocked), skips to C (region blocked), or aborts. Teardown faults
-fire once during release: the job still ends clean unless the kind aborts teardown, in which case
-the leak is recorded (the reconciler's job)."""
+retried), fails over to B (offer blocked), skips to C (region blocked), or aborts. `list` is the
+shared region-wide observe that the waits use (activities/observe_hub.py); `observe` is the
+per-VM call, which the delete step makes first during release. Teardown faults fire once during
+release: the job still ends clean unless the kind aborts teardown, in which case the leak is
+recorded (the reconciler's job)."""
 
 from __future__ import annotations
 
@@ -85,6 +87,9 @@ def _fault(primitive: str, kind: ErrorKind, name: str) -> FaultRule:
         return FaultRule(
             primitive=primitive, kind=kind, message=message, offer=OFFER_A, times=times
         )
+    if primitive == "list":
+        # region-wide: the first poll of the wait for running, in offer A's region
+        return FaultRule(primitive="list", kind=kind, message=message, region="r1", times=1)
     # observe / delete / cleanup take a VM, not an offer: target attempt 1, first call only.
     return FaultRule(primitive=primitive, kind=kind, message=message, vm=f"{name}-a1-", times=1)
 
@@ -92,16 +97,16 @@ def _fault(primitive: str, kind: ErrorKind, name: str) -> FaultRule:
 def _expected(primitive: str, kind: ErrorKind) -> Expect:
     if primitive == "plan":
         return PLAN[kind]
-    if primitive in ("delete", "cleanup"):
+    if primitive in ("observe", "delete", "cleanup"):
         return TEARDOWN[kind]
-    if primitive == "observe" and kind is K.TRANSIENT:
+    if primitive == "list" and kind is K.TRANSIENT:
         return Expect(JobState.COMPLETED, OFFER_A)  # a missed poll inside the wait
     return FORWARD[kind]
 
 
 CELLS = [
     (primitive, kind)
-    for primitive in ("plan", "prepare", "create", "observe", "delete", "cleanup")
+    for primitive in ("plan", "prepare", "create", "list", "observe", "delete", "cleanup")
     for kind in ErrorKind
 ]
 
@@ -128,7 +133,7 @@ async def test_fault_matrix(
             # Teardown gave up on an aborting kind: the status names the possible orphan,
             # and the database records it for the reconciler.
             assert kind.value in final.leaks[0]
-            if primitive == "delete":
+            if primitive in ("observe", "delete"):
                 orphans = records.open_orphans()
                 assert [node_of(o.vm) for o in orphans] == [f"{job_name}-a1-n0"]
                 assert kind.value in orphans[0].last_error
