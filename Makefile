@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo dev test lint format lock clean
+.PHONY: demo dev test bench lint format histories lock clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -22,11 +22,21 @@ dev: $(STAMP)
 test: $(STAMP)
 	$(BIN)/pytest -q
 
+# The performance benchmark (bench/, docs/performance.md); `make bench QUICK=1` takes a minute or two.
+bench: $(STAMP)
+	$(BIN)/python -m bench $(if $(QUICK),--quick)
+
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 format: $(STAMP)
 	$(BIN)/ruff format . && $(BIN)/ruff check --fix .
+
+# Rerecord the replay suite's histories (tests/histories/*.json; all, or `make histories
+# ONLY="happy_path multi_node"`). Only for a new scenario or a change behind workflow.patched:
+# see docs/architecture.md, "Changing workflow code safely".
+histories: $(STAMP)
+	$(BIN)/python -m tests.histories.record $(ONLY)
 
 # Regenerate the pins after changing dependencies in pyproject.toml.
 lock:

@@ -1,0 +1,386 @@
+"""Record the replay suite's histories: `make histories` (python -m tests.histories.record).
+
+Starts its own Temporal dev server, runs each scenario below on the fake cloud (a fresh SQLite
+records DB per scenario, so blocks never leak from one into the next), and writes the finished
+workflow's history to tests/histories/<scenario>.json. tests/test_replay.py replays every file
+through the current workflow code, so a change to the command sequence fails the build.
+
+Regenerate only for a new scenario, or after a change that is intended and guarded by
+`workflow.patched(...)` (docs/architecture.md, "Changing workflow code safely"): rerecording
+an unguarded change hides exactly the break the suite exists to catch.
+
+    python -m tests.histories.record                  # every scenario
+    python -m tests.histories.record happy_path ...   # only these
+
+Before writing, each history is checked: it replays against the current code, and no join token
+(the ones the fake cloud's instances were given, and any minted for an existing worker) appears
+in it, plain or JSON-escaped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+from temporalio.client import Client, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Replayer
+
+from gpuprov import search_attributes
+from gpuprov.api import create_app, serving, temporal_notifier
+from gpuprov.binaries import temporal_binary
+from gpuprov.client import GpuprovClient
+from gpuprov.config import FakeProviderConfig, FaultRule
+from gpuprov.dev import free_port
+from gpuprov.engine import WORKFLOWS, open_records
+from gpuprov.models import JobSpec, JobState, WorkerCapabilities
+from gpuprov.records import Records
+from providers.base import ResourceRequest
+from providers.errors import ErrorKind
+from providers.fake import FakeCloud
+from tests.helpers import OFFER_A, fake_worker, fast_cloud, job, ready_then_release, until
+from workflows.offers import OffersQuery, PlanOffers
+
+HERE = Path(__file__).resolve().parent
+# A fixed identity instead of the default pid@hostname: the histories name no machine.
+IDENTITY = "gpuprov-history-recorder"
+TASK_QUEUE = "replay"  # scenarios run one after another, each with its own worker
+
+
+@dataclass
+class Run:
+    """What one scenario gets: the dev server's client, its own records and task queue."""
+
+    client: Client
+    records: Records
+    name: str  # the job name (workflow id job-<name>)
+    task_queue: str
+    secrets: set[str] = field(default_factory=set)  # must not appear in the history
+
+    def job(self, nodes: int = 1, **overrides: object) -> JobSpec:
+        return job(self.name, nodes, **overrides)
+
+    @asynccontextmanager
+    async def worker(
+        self, config: FakeProviderConfig, *, api: bool = False
+    ) -> AsyncIterator[tuple[GpuprovClient, FakeCloud, str | None]]:
+        """A worker on the fake cloud; with `api`, the real control-plane API in-process."""
+        if not api:
+            async with self._worker(config, "http://127.0.0.1:9") as (gpuprov, cloud):
+                yield gpuprov, cloud, None
+            return
+        port = free_port()
+        app = create_app(self.records, temporal_notifier(self.client))
+        async with serving(app, "127.0.0.1", port):
+            url = f"http://127.0.0.1:{port}"
+            async with self._worker(config, url) as (gpuprov, cloud):
+                yield gpuprov, cloud, url
+
+    @asynccontextmanager
+    async def _worker(
+        self, config: FakeProviderConfig, api_url: str
+    ) -> AsyncIterator[tuple[GpuprovClient, FakeCloud]]:
+        async with fake_worker(self.client, self.task_queue, config, self.records, api_url) as (
+            gpuprov,
+            cloud,
+        ):
+            try:
+                yield gpuprov, cloud
+            finally:  # every token the cloud's instances were given (the ledger)
+                self.secrets.update(r.join_token for r in cloud.state.instances() if r.join_token)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    about: str
+    play: Callable[[Run], Awaitable[None]]
+    workflow: str = "ProvisionJob"
+
+    @property
+    def job_name(self) -> str:
+        return f"replay-{self.name.replace('_', '-')}"
+
+    @property
+    def workflow_id(self) -> str:
+        prefix = "offers" if self.workflow == "PlanOffers" else "job"
+        return f"{prefix}-{self.job_name}"
+
+    @property
+    def path(self) -> Path:
+        return HERE / f"{self.name}.json"
+
+
+# ---------------------------------------------------------------- the scenarios
+
+
+def _expect(condition: bool, what: str) -> None:
+    """A scenario that did not take its path would record the wrong history: stop."""
+    if not condition:
+        raise AssertionError(f"scenario went astray: {what}")
+
+
+async def _ready_and_release(run: Run, config: FakeProviderConfig, nodes: int = 1, **spec) -> None:
+    async with run.worker(config) as (gpuprov, _cloud, _):
+        at_ready, final = await ready_then_release(await gpuprov.submit(run.job(nodes, **spec)))
+        _expect(at_ready.state is JobState.READY, f"ready, got {at_ready.state}: {at_ready.error}")
+        _expect(final.state is JobState.COMPLETED, f"completed, got {final.state}")
+
+
+async def happy_path(run: Run) -> None:
+    await _ready_and_release(run, fast_cloud())
+
+
+async def multi_node(run: Run) -> None:
+    await _ready_and_release(run, fast_cloud(), nodes=3)
+
+
+def _failover(kind: ErrorKind, winner: str) -> Callable[[Run], Awaitable[None]]:
+    async def play(run: Run) -> None:
+        fault = FaultRule(
+            primitive="create", kind=kind, message=f"injected {kind.value}", offer=OFFER_A
+        )
+        async with run.worker(fast_cloud([fault])) as (gpuprov, _cloud, _):
+            at_ready, final = await ready_then_release(await gpuprov.submit(run.job()))
+            offers = [a.offer.id for a in at_ready.attempts]
+            _expect(offers[0] == OFFER_A and offers[-1] == winner, f"{offers} ending on {winner}")
+            _expect(final.state is JobState.COMPLETED, f"completed, got {final.state}")
+
+    return play
+
+
+async def transient_retry(run: Run) -> None:
+    once = FaultRule(primitive="create", offer=OFFER_A, message="injected Transient", times=1)
+    async with run.worker(fast_cloud([once])) as (gpuprov, _cloud, _):
+        at_ready, final = await ready_then_release(await gpuprov.submit(run.job()))
+        _expect([a.offer.id for a in at_ready.attempts] == [OFFER_A], "retried on offer A")
+        _expect(final.state is JobState.COMPLETED, f"completed, got {final.state}")
+
+
+def _abort(kind: ErrorKind) -> Callable[[Run], Awaitable[None]]:
+    async def play(run: Run) -> None:
+        fault = FaultRule(
+            primitive="create", kind=kind, message=f"injected {kind.value}", offer=OFFER_A
+        )
+        async with run.worker(fast_cloud([fault])) as (gpuprov, cloud, _):
+            final = await asyncio.wait_for((await gpuprov.submit(run.job())).result(), 60)
+            _expect(final.state is JobState.FAILED, f"failed, got {final.state}")
+            _expect(f"aborted by {kind.value}" in (final.error or ""), final.error or "")
+            _expect(cloud.live_instances() == [], "nothing left running")
+
+    return play
+
+
+async def cancel_waiting_running(run: Run) -> None:
+    async with run.worker(fast_cloud(boot_delay_seconds=30)) as (gpuprov, _cloud, _):
+        handle = await gpuprov.submit(run.job())
+        await until(handle, lambda s: (s.waiting_for or "").startswith("running"), 30)
+        await handle.cancel()
+        final = await asyncio.wait_for(handle.result(), 60)
+        _expect(final.state is JobState.CANCELLED, f"cancelled, got {final.state}")
+
+
+async def provisioning_timeout(run: Run) -> None:
+    hang = FaultRule(primitive="create", effect="boot_hang")
+    async with run.worker(fast_cloud([hang], boot_timeout=120)) as (gpuprov, _cloud, _):
+        handle = await gpuprov.submit(run.job(provisioning_timeout_seconds=2))
+        final = await asyncio.wait_for(handle.result(), 60)
+        _expect("provisioning timed out" in (final.error or ""), final.error or "")
+
+
+async def release_keep(run: Run) -> None:
+    await _ready_and_release(run, fast_cloud(), release="keep")
+
+
+async def agent_registration(run: Run) -> None:
+    async with run.worker(fast_cloud(simulate_agent=True), api=True) as (gpuprov, _cloud, _):
+        at_ready, final = await ready_then_release(await gpuprov.submit(run.job()))
+        _expect(all(n.worker_id for n in at_ready.nodes), "every node registered")
+        _expect(final.state is JobState.COMPLETED, f"completed, got {final.state}")
+
+
+async def existing_worker(run: Run) -> None:
+    async with run.worker(fast_cloud(), api=True) as (gpuprov, cloud, api_url):
+        token = run.records.mint_token(label="replay-box", ttl=timedelta(minutes=5))
+        run.secrets.add(token)
+        capabilities = WorkerCapabilities.model_validate(
+            {
+                "gpus": [{"name": "NVIDIA H100 80GB HBM3", "memory_mb": 81559}] * 8,
+                "cpu_count": 64,
+                "memory_gb": 512,
+                "gpu_runtime_ok": True,
+            }
+        )
+        async with httpx.AsyncClient(base_url=api_url) as http:
+            body = {"token": token, "capabilities": capabilities.model_dump(mode="json")}
+            response = await http.post("/v1/workers/register", json=body)
+        _expect(response.status_code == 200, response.text)
+        at_ready, final = await ready_then_release(await gpuprov.submit(run.job()))
+        _expect(len(at_ready.existing_workers) == 1 and not at_ready.attempts, "reserved")
+        _expect(final.state is JobState.COMPLETED, f"completed, got {final.state}")
+        _expect(cloud.state.creates_per_vm() == {}, "no cloud machine")
+
+
+async def plan_offers(run: Run) -> None:
+    # GpuprovClient.offers, with a fixed workflow id instead of a random one.
+    async with run.worker(fast_cloud()) as (_gpuprov, _cloud, _):
+        result = await run.client.execute_workflow(
+            PlanOffers.run,
+            OffersQuery(request=ResourceRequest(gpu="H100")),
+            id=f"offers-{run.name}",
+            task_queue=run.task_queue,
+            execution_timeout=timedelta(seconds=60),
+        )
+        _expect(len(result.offers) == 3, f"three offers, got {result.offers}")
+
+
+K = ErrorKind
+SCENARIOS: dict[str, Scenario] = {
+    s.name: s
+    for s in [
+        Scenario("happy_path", "one node: plan, create, run, ready, release", happy_path),
+        Scenario("multi_node", "three nodes on one offer", multi_node),
+        Scenario(
+            "failover_capacity",
+            "Capacity on offer A: blocked, B wins",
+            _failover(K.CAPACITY, "fake/r1-b/gpu8"),
+        ),
+        Scenario(
+            "failover_quota",
+            "Quota on offer A: region r1 blocked, C wins",
+            _failover(K.QUOTA, "fake/r2-a/gpu8"),
+        ),
+        Scenario(
+            "failover_unavailable",
+            "Unavailable on offer A: no teardown, B wins",
+            _failover(K.UNAVAILABLE, "fake/r1-b/gpu8"),
+        ),
+        Scenario(
+            "failover_failed",
+            "Failed on offer A: torn down, B wins",
+            _failover(K.FAILED, "fake/r1-b/gpu8"),
+        ),
+        Scenario("transient_retry", "Transient at create: retried on A", transient_retry),
+        Scenario(
+            "abort_invalid_request",
+            "InvalidRequest at create: abort; cleanup only, no terminate",
+            _abort(K.INVALID_REQUEST),
+        ),
+        Scenario(
+            "abort_credentials",
+            "Credentials at create: full teardown (terminate by identity), then abort",
+            _abort(K.CREDENTIALS),
+        ),
+        Scenario(
+            "cancel_waiting_running",
+            "cancelled while the instance boots: teardown",
+            cancel_waiting_running,
+        ),
+        Scenario(
+            "provisioning_timeout",
+            "boot hangs past provisioning_timeout_seconds",
+            provisioning_timeout,
+        ),
+        Scenario("release_keep", "release=keep: machines marked kept", release_keep),
+        Scenario(
+            "agent_registration",
+            "the node registers through the API (register_worker Update)",
+            agent_registration,
+        ),
+        Scenario(
+            "existing_worker",
+            "an idle existing worker is reserved; no cloud machine",
+            existing_worker,
+        ),
+        Scenario("plan_offers", "PlanOffers lists the ranked offers", plan_offers, "PlanOffers"),
+    ]
+}
+
+
+# ---------------------------------------------------------------- recording
+
+
+def leaked_secrets(text: str, secrets: set[str]) -> list[str]:
+    """The secrets found in `text`, plain or JSON-escaped (their first characters only)."""
+    found = []
+    for secret in secrets:
+        if secret in text or json.dumps(secret)[1:-1] in text:
+            found.append(secret[:4] + "...")
+    return found
+
+
+def one_event_per_line(text: str) -> str:
+    """`to_json()`'s document, one compact event per line: a third of the indented size, and a
+    rerecording still diffs event by event."""
+    document = json.loads(text)
+    if set(document) != {"events"}:
+        raise ValueError(f"unexpected history keys {sorted(document)}")
+    events = ",\n".join(json.dumps(e, separators=(",", ":")) for e in document["events"])
+    return f'{{"events":[\n{events}\n]}}\n'
+
+
+async def replays(scenario: Scenario, text: str) -> None:
+    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    await replayer.replay_workflow(WorkflowHistory.from_json(scenario.workflow_id, text))
+
+
+async def record_one(client: Client, scenario: Scenario) -> tuple[int, int]:
+    """Play the scenario, check its history, write it: (bytes written, tokens scanned for)."""
+    with tempfile.TemporaryDirectory(prefix="gpuprov-history-") as data_dir:
+        records = open_records(f"sqlite:///{data_dir}/gpuprov.db")
+        run = Run(client, records, scenario.job_name, TASK_QUEUE)
+        try:
+            await scenario.play(run)
+        finally:
+            records.db.dispose()
+    history = await client.get_workflow_handle(scenario.workflow_id).fetch_history()
+    text = one_event_per_line(history.to_json())
+    leaked = leaked_secrets(text, run.secrets)
+    if leaked:
+        raise AssertionError(f"{scenario.name}: join tokens in history: {leaked}")
+    await replays(scenario, text)
+    scenario.path.write_text(text)
+    return len(text.encode()), len(run.secrets)
+
+
+async def record(names: list[str]) -> None:
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=temporal_binary(),
+        data_converter=pydantic_data_converter,
+        search_attributes=list(search_attributes.ALL),
+        identity=IDENTITY,
+    )
+    try:
+        total = 0
+        for name in names:
+            size, tokens = await record_one(env.client, SCENARIOS[name])
+            total += size
+            print(f"{name + '.json':28} {size / 1024:5.1f} KiB  {tokens} token(s) absent")
+        print(f"{len(names)} histories, {total / 1024:.1f} KiB in {HERE}")
+    finally:
+        await env.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.histories.record", description=__doc__)
+    parser.add_argument("scenarios", nargs="*", metavar="SCENARIO", help=", ".join(SCENARIOS))
+    names = parser.parse_args(argv).scenarios or list(SCENARIOS)
+    unknown = [name for name in names if name not in SCENARIOS]
+    if unknown:
+        parser.error(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(SCENARIOS)}")
+    asyncio.run(record(names))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
