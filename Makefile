@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo dev test bench lint format histories lock clean
+.PHONY: demo dev test bench chaos lint format histories lock clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,14 @@ test: $(STAMP)
 # The performance benchmark (bench/, docs/performance.md); `make bench QUICK=1` takes a minute or two.
 bench: $(STAMP)
 	$(BIN)/python -m bench $(if $(QUICK),--quick)
+
+# The chaos harness (chaos/, docs/reliability.md): N jobs under injected faults, worker SIGKILLs
+# and dev server restarts, then one reconcile pass; exits non-zero if any promise was broken.
+# `make chaos N=200 SEED=1 [KILLS=10] [RESTARTS=2] [OUT=summary.md]`.
+chaos: $(STAMP)
+	$(BIN)/python -m chaos --jobs $(or $(N),20) --seed $(or $(SEED),1) \
+		$(if $(KILLS),--kills $(KILLS)) $(if $(RESTARTS),--server-restarts $(RESTARTS)) \
+		$(if $(OUT),--out $(OUT))
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -19,7 +19,7 @@ from gpuprov.engine import connect, metrics_runtime, running_worker
 
 async def serve(config_path: str | None) -> None:
     settings = load_settings(config_path)
-    client = await connect(settings.temporal, metrics_runtime(settings.metrics))
+    client = await connect(settings.temporal, metrics_runtime(settings.metrics), settings.codec)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):

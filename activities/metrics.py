@@ -9,13 +9,14 @@ from gpuprov import metrics
 
 
 def orphan_found(provider: str) -> None:
-    """A termination that did not confirm was recorded as a possible orphan."""
+    """A possible orphan was recorded: a termination that did not confirm, or a machine with
+    our identity that no live job owns (found by the reconciler)."""
     _count(metrics.ORPHANS_FOUND, provider)
 
 
 def orphan_resolved(provider: str) -> None:
-    """A possible orphan was confirmed gone. Called by the reconciler (issue 7), which does not
-    exist yet: until it does, gpuprov_orphans_resolved_total never appears on the endpoint."""
+    """A possible orphan was confirmed gone and cleaned up by the reconciler
+    (workflows/reconcile.py); until one is, gpuprov_orphans_resolved_total is absent."""
     _count(metrics.ORPHANS_RESOLVED, provider)
 
 

@@ -6,8 +6,10 @@
 - record_cost: the estimate written when an attempt starts (and later actuals).
 - mark_vm: VM row status as teardown confirms it; a terminated VM's worker is revoked.
 - mark_placed: at ready, the job's workers become busy and its VM rows running.
-- record_orphan: a termination that did not confirm; the reconciler keeps trying
-  (counted in gpuprov_orphans_found_total).
+- record_orphan: a termination that did not confirm; the reconciler keeps trying (a new
+  orphan counts in gpuprov_orphans_found_total; a repeat only bumps its attempts).
+- resolve_orphan: the reconciler confirmed it gone and cleaned up (counted in
+  gpuprov_orphans_resolved_total).
 - release_job_workers: at a terminal state, existing workers go back to idle and managed
   workers are revoked.
 Every call runs the synchronous Records method in a thread, off the event loop.
@@ -62,6 +64,11 @@ class OrphanInput(Model):
     error: str
 
 
+class ResolveInput(Model):
+    vm: str
+    provider: str
+
+
 class ReleaseInput(Model):
     job: str
 
@@ -85,6 +92,7 @@ class StoreActivities:
             self.mark_vm,
             self.mark_placed,
             self.record_orphan,
+            self.resolve_orphan,
             self.release_job_workers,
         ]
 
@@ -193,20 +201,29 @@ class StoreActivities:
     async def record_orphan(self, request: OrphanInput) -> None:
         node = request.node
 
-        def record() -> None:
+        def record() -> int:
             if self._records.get_vm(node.vm) is not None:
                 self._records.set_vm_status(node.vm, "orphaned")
-            self._records.record_orphan(
+            return self._records.record_orphan(
                 provider=node.provider,
                 region=node.region,
                 zone=node.zone,
                 vm=node.vm,
                 instance_ids=node.instance_ids,
                 error=request.error,
-            )
+            ).attempts
 
-        await asyncio.to_thread(record)
-        metrics.orphan_found(node.provider)
+        if await asyncio.to_thread(record) == 1:  # a reconciler's failed retry is not new
+            metrics.orphan_found(node.provider)
+
+    @activity.defn(name="resolve_orphan")
+    async def resolve_orphan(self, request: ResolveInput) -> bool:
+        """The machine is confirmed gone and its side resources cleaned: close its orphan
+        record. False when none was open (a repeat)."""
+        resolved = await asyncio.to_thread(self._records.resolve_orphan, request.vm)
+        if resolved:
+            metrics.orphan_resolved(request.provider)
+        return resolved
 
     @activity.defn(name="release_job_workers")
     async def release_job_workers(self, request: ReleaseInput) -> ReleasedWorkers:

@@ -22,7 +22,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Protocol
 
 import uvicorn
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from pydantic import Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -121,11 +123,34 @@ def create_app(records: Records, notify_job: JobNotifier) -> FastAPI:
     app = FastAPI(title="gpuprov control plane", version="1")
     app.add_middleware(BodyLimit)
 
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:
+        # FastAPI's default echoes each bad input back: that can be the join token, and an
+        # Infinity in the body made the echo itself fail (500). Name the field, not the value.
+        detail = [
+            {
+                "loc": list(problem.get("loc", ())),
+                "msg": problem.get("msg"),
+                "type": problem.get("type"),
+            }
+            for problem in error.errors()
+        ]
+        return JSONResponse(status_code=422, content={"detail": detail})
+
     @app.get("/v1/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.post("/v1/workers/register", responses={401: {}, 409: {}, 413: {}, 503: {}})
+    @app.post(
+        "/v1/workers/register",
+        responses={
+            400: {"description": "the body is not decodable JSON"},
+            401: {"description": "unknown, used or expired join token"},
+            409: {"description": "the job refused the node"},
+            413: {"description": "body over 64 KiB"},
+            503: {"description": "the job cannot be reached now; retry"},
+        },
+    )
     async def register(body: RegisterRequest) -> RegisterResponse:
         return await _register(records, notify_job, body)
 

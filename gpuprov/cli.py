@@ -5,9 +5,13 @@
     gpuprov submit job.yaml [--wait]  start a job (workflow id job-<name>)
     gpuprov status NAME | list | release NAME | cancel NAME | offers --gpu H100
     gpuprov api                       the control-plane API (nodes register here)
-    gpuprov setup                     once per cluster: migrations, namespace, search attributes
+    gpuprov setup                     once per cluster: migrations, namespace, search attributes,
+                                      the reconciler's Schedule
+    gpuprov schedules apply           create or update the reconciler's Schedule (idempotent)
+    gpuprov orphans [--all]           machines the reconciler is (or was) cleaning up
     gpuprov token create --label L    a single-use join token for a box you own
     gpuprov join --url U              on that box: probe it, register it as an existing worker
+    gpuprov codec-server              decrypts payloads for the Temporal UI ([codec] keys)
 Connection settings come from gpuprov.toml (--config or GPUPROV_CONFIG) and the environment
 (GPUPROV_TEMPORAL__ADDRESS, default localhost:7233); --address overrides both.
 """
@@ -26,11 +30,13 @@ from typing import NoReturn
 
 from pydantic import ValidationError
 
-from gpuprov import agent
+from gpuprov import agent, schedules
 from gpuprov import demo as demo_module
 from gpuprov import setup as cluster_setup
 from gpuprov.api import create_app, serving, temporal_notifier
 from gpuprov.client import GpuprovClient, GpuprovError
+from gpuprov.codec import codec_for
+from gpuprov.codec_server import create_codec_app, endpoint_url, ui_origins
 from gpuprov.config import ConfigError, Settings, load_settings
 from gpuprov.dev import dev_stack, with_default_cloud
 from gpuprov.engine import connect, open_records
@@ -41,7 +47,13 @@ from gpuprov.models import (
     format_validation_error,
     load_job_spec,
 )
-from gpuprov.render import capabilities_text, offers_text, progress_line, status_text
+from gpuprov.render import (
+    capabilities_text,
+    offers_text,
+    orphans_text,
+    progress_line,
+    status_text,
+)
 from providers.base import ResourceRequest
 from workflows.offers import OffersQuery
 
@@ -79,6 +91,11 @@ def _parser() -> argparse.ArgumentParser:
     offers.add_argument("--region", action="append", dest="regions")
     commands.add_parser("api", help="run the control-plane API until Ctrl-C")
     cluster_setup.add_parser(commands)
+    schedules.add_parser(commands)
+    orphans = commands.add_parser(
+        "orphans", help="possible orphans: machines the reconciler is cleaning up"
+    )
+    orphans.add_argument("--all", action="store_true", help="resolved ones too")
     token = commands.add_parser("token", help="join tokens for machines you own")
     token_commands = token.add_subparsers(dest="token_command", required=True)
     create = token_commands.add_parser("create", help="mint a single-use join token (shown once)")
@@ -98,12 +115,23 @@ def _parser() -> argparse.ArgumentParser:
     join.add_argument("--token", help=f"the join token (prefer ${agent.TOKEN_ENV}/--token-file)")
     join.add_argument("--label-claim", help="the label you expect (the token's label wins)")
     join.add_argument("--tries", type=int, default=5, help="attempts while the API is down")
+    commands.add_parser(
+        "codec-server",
+        help="serve /encode and /decode so the Temporal UI shows encrypted payloads",
+        description=(
+            "Run the remote codec server for the Temporal UI on [codec] host:port (default "
+            "127.0.0.1:8081); start the UI with --ui-codec-endpoint pointing at it. Anyone who "
+            "can reach it can decrypt payloads: keep it local or behind an authenticating proxy."
+        ),
+    )
     return parser
 
 
 async def _client(settings: Settings) -> GpuprovClient:
     temporal = settings.temporal
-    return await GpuprovClient.connect(temporal.address, temporal.namespace, temporal.task_queue)
+    return await GpuprovClient.connect(
+        temporal.address, temporal.namespace, temporal.task_queue, codec=settings.codec
+    )
 
 
 async def _submit(settings: Settings, args: argparse.Namespace) -> int:
@@ -167,8 +195,15 @@ async def _offers(settings: Settings, args: argparse.Namespace) -> int:
 async def _dev(settings: Settings, args: argparse.Namespace) -> int:
     settings = with_default_cloud(settings)
     async with dev_stack(settings) as stack:
+        task_queue = settings.temporal.task_queue
+        outcome = await schedules.apply_reconcile_schedule(
+            stack.client, task_queue, settings.reconcile
+        )
         print(f"Temporal dev server at {stack.address}, Web UI at {stack.ui_url}")
+        print(schedules.describe(settings, outcome))
         print(f"control-plane API at {stack.api_url}")
+        if stack.codec_url:
+            print(f"payloads encrypted; codec server for the UI at {stack.codec_url}")
         print(
             f"worker on task queue {settings.temporal.task_queue}; "
             f"providers: {', '.join(settings.providers.enabled_ids())}. Ctrl-C stops."
@@ -182,7 +217,7 @@ async def _api(settings: Settings, args: argparse.Namespace) -> int:
     records = open_records(settings.database_url)
     try:
         try:
-            client = await connect(settings.temporal)
+            client = await connect(settings.temporal, codec=settings.codec)
         except RuntimeError as error:
             address = settings.temporal.address
             raise GpuprovError(f"cannot reach Temporal at {address}: {error}") from None
@@ -194,6 +229,35 @@ async def _api(settings: Settings, args: argparse.Namespace) -> int:
     finally:
         records.db.dispose()
     print("stopped")
+    return 0
+
+
+async def _codec_server(settings: Settings, args: argparse.Namespace) -> int:
+    codec = codec_for(settings.codec)
+    if codec is None:
+        raise ConfigError(
+            "codec-server needs [codec] keys (GPUPROV_CODEC__KEYS); see docs/operations.md"
+        )
+    host, port = settings.codec.host, settings.codec.port
+    origins = ui_origins(settings)
+    async with serving(create_codec_app(codec, origins), host, port):
+        url = endpoint_url(host, port)
+        active = codec.active_key or "none, decode only"
+        print(f"codec server at {url}; keys {', '.join(codec.key_ids)} (active: {active})")
+        print(f"browsers allowed from {', '.join(origins)}")
+        print(f"start the UI with --ui-codec-endpoint {url}. Ctrl-C stops.")
+        await _until_signalled()
+    print("stopped")
+    return 0
+
+
+async def _orphans(settings: Settings, args: argparse.Namespace) -> int:
+    records = open_records(settings.database_url)
+    try:
+        orphans = records.orphans(include_resolved=args.all)
+    finally:
+        records.db.dispose()
+    print(orphans_text(orphans, include_resolved=args.all))
     return 0
 
 
@@ -255,8 +319,11 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], Awaitable[int]]] = 
     "dev": _dev,
     "api": _api,
     "setup": cluster_setup.command,
+    "schedules": schedules.command,
+    "orphans": _orphans,
     "token": _token,
     "join": _join,
+    "codec-server": _codec_server,
 }
 
 

@@ -28,11 +28,12 @@ from temporalio.client import (
     WorkflowQueryFailedError,
 )
 from temporalio.common import SearchAttributePair, TypedSearchAttributes
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from gpuprov import search_attributes
+from gpuprov.codec import data_converter
+from gpuprov.config import CodecSettings
 from gpuprov.models import JobSpec, JobState, JobStatus, workflow_id_for
 from providers.base import Model, ResourceRequest
 from workflows.offers import OffersQuery, OffersResult, PlanOffers
@@ -179,10 +180,13 @@ class GpuprovClient:
         address: str = "localhost:7233",
         namespace: str = "default",
         task_queue: str = DEFAULT_TASK_QUEUE,
+        codec: CodecSettings | None = None,
     ) -> GpuprovClient:
+        """Connect to Temporal. With payload encryption on (`[codec]` in gpuprov.toml), pass
+        the same `codec` settings as the workers, e.g. `load_settings().codec`."""
         try:
             client = await Client.connect(
-                address, namespace=namespace, data_converter=pydantic_data_converter
+                address, namespace=namespace, data_converter=data_converter(codec)
             )
         except RuntimeError as error:
             raise GpuprovError(f"cannot reach Temporal at {address}: {error}") from None

@@ -1,22 +1,25 @@
 """Settings: one `gpuprov.toml` (path by flag or GPUPROV_CONFIG) plus environment overrides.
 
-Sections: `[temporal]`, `[database]`, `[api]`, `[jobs]`, `[metrics]`, `[providers.<id>]`. Any
-setting can be overridden by an environment variable named after its path with double
-underscores, e.g. `GPUPROV_TEMPORAL__ADDRESS=temporal:7233` or
-`GPUPROV_METRICS__BIND=0.0.0.0:9464`.
+Sections: `[temporal]`, `[database]`, `[api]`, `[jobs]`, `[metrics]`, `[codec]`,
+`[providers.<id>]`. Any setting can be overridden by an environment variable named after its
+path with double underscores, e.g. `GPUPROV_TEMPORAL__ADDRESS=temporal:7233`,
+`GPUPROV_METRICS__BIND=0.0.0.0:9464` or `GPUPROV_CODEC__KEYS='{k1 = "<base64>"}'`.
 Arrays and inline tables are read as TOML literals; every other value is text that the setting's
 type converts (numbers, booleans), so a numeric-looking string setting stays a string.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
 import os
+import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import AfterValidator, Field, SecretStr, ValidationError, model_validator
 
 from gpuprov.models import format_validation_error
 from providers.base import Model
@@ -62,10 +65,82 @@ class JobsSettings(Model):
     join_token_ttl_seconds: int = Field(default=3600, ge=1)
 
 
+class ReconcileSettings(Model):
+    """The orphan reconciler's Schedule (gpuprov/schedules.py, applied by `gpuprov setup`,
+    `gpuprov schedules apply` and `gpuprov dev`)."""
+
+    every_seconds: int = Field(default=300, ge=1)  # one pass this often (overlaps are skipped)
+    grace_seconds: float = Field(default=600.0, ge=0)  # younger unowned machines are left alone
+
+
 class MetricsSettings(Model):
     """The worker's Prometheus endpoint: Temporal SDK metrics and gpuprov_* on one /metrics."""
 
     bind: str | None = None  # host:port, e.g. "0.0.0.0:9464"; None = no endpoint
+
+
+_KEY_ID = re.compile(r"[A-Za-z0-9._-]{1,64}")
+ENCRYPTION_KEY_BYTES = 32
+
+
+def _check_encryption_key(value: SecretStr) -> SecretStr:
+    # The messages never quote the value: it is a secret.
+    try:
+        key = base64.b64decode(value.get_secret_value().strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise ValueError("not valid base64 (expected base64 of 32 random bytes)") from None
+    if len(key) != ENCRYPTION_KEY_BYTES:
+        raise ValueError(
+            f"decodes to {len(key)} bytes; AES-256 needs {ENCRYPTION_KEY_BYTES} "
+            "(base64 of 32 random bytes)"
+        )
+    return value
+
+
+EncryptionKey = Annotated[SecretStr, AfterValidator(_check_encryption_key)]
+
+
+class CodecSettings(Model):
+    """Payload encryption (gpuprov/codec.py) and the codec server the Temporal UI calls.
+
+    `keys` maps a key id to base64 of 32 random bytes; `active_key` names the key new payloads
+    are encrypted with (None: nothing new is encrypted, but the keys still decrypt). Keep old
+    keys listed after a rotation: histories encrypted with them name them.
+    """
+
+    keys: dict[str, EncryptionKey] = Field(default_factory=dict)
+    active_key: str | None = None
+    # `gpuprov codec-server` (and `gpuprov dev` when keys are set).
+    host: str = "127.0.0.1"
+    port: int = Field(default=8081, ge=1, le=65535)
+    # Browser origins allowed to call the codec server (CORS): the Temporal UI's address.
+    # Empty: the local UI, http://localhost:<temporal.ui_port> and http://127.0.0.1:<...>.
+    ui_origins: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _active_key_is_a_key(self) -> CodecSettings:
+        for key_id in self.keys:
+            if not _KEY_ID.fullmatch(key_id):
+                raise ValueError(
+                    f"keys: key id {key_id!r} must be 1-64 letters, digits, '.', '_' or '-'"
+                )
+        if self.active_key is not None and self.active_key not in self.keys:
+            known = ", ".join(sorted(self.keys)) or "none"
+            raise ValueError(
+                f"active_key {self.active_key!r} is not one of the keys (configured: {known})"
+            )
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """New payloads are encrypted."""
+        return self.active_key is not None
+
+    def key_bytes(self) -> dict[str, bytes]:
+        return {
+            key_id: base64.b64decode(key.get_secret_value().strip())
+            for key_id, key in self.keys.items()
+        }
 
 
 class ProviderSettings(Model):
@@ -178,6 +253,8 @@ class Settings(Model):
     api: ApiSettings = Field(default_factory=ApiSettings)
     jobs: JobsSettings = Field(default_factory=JobsSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
+    codec: CodecSettings = Field(default_factory=CodecSettings)
     providers: ProvidersSettings = Field(default_factory=ProvidersSettings)
 
     @property
@@ -192,6 +269,10 @@ def _parse_env_value(raw: str) -> Any:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         return raw
+    except RecursionError:
+        raise ConfigError(f"unreadable value {raw[:40]!r}...: nested too deeply") from None
+    except ValueError as error:  # e.g. an integer past Python's digit limit
+        raise ConfigError(f"unreadable value {raw[:40]!r}...: {error}") from None
     return value if isinstance(value, list | dict) else raw
 
 
@@ -216,12 +297,16 @@ def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
     data: dict[str, Any] = {}
     if path:
         try:
-            data = tomllib.loads(Path(path).read_text())
+            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except OSError as error:
             raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
         except UnicodeDecodeError as error:
             raise ConfigError(f"config {path} is not UTF-8 text: {error.reason}") from None
         except tomllib.TOMLDecodeError as error:
+            raise ConfigError(f"malformed config {path}: {error}") from None
+        except RecursionError:
+            raise ConfigError(f"malformed config {path}: nested too deeply") from None
+        except ValueError as error:  # e.g. an integer past Python's digit limit
             raise ConfigError(f"malformed config {path}: {error}") from None
     _apply_env(data, env)
     try:

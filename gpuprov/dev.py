@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import socket
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from gpuprov import search_attributes
 from gpuprov.api import create_app, serving, temporal_notifier
 from gpuprov.binaries import temporal_binary
+from gpuprov.codec import codec_for, data_converter
+from gpuprov.codec_server import create_codec_app, endpoint_url, ui_origins
 from gpuprov.config import FakeProviderConfig, Settings
 from gpuprov.engine import running_worker
 from gpuprov.records import Records
@@ -31,6 +32,7 @@ class DevStack:
     ui_url: str
     api_url: str
     records: Records
+    codec_url: str | None = None  # the codec server the UI decrypts payloads with
 
     def workflow_url(self, workflow_id: str, namespace: str = "default") -> str:
         return f"{self.ui_url}/namespaces/{namespace}/workflows/{workflow_id}"
@@ -76,26 +78,38 @@ async def dev_stack(
     ui_port = pick(settings.temporal.ui_port)
     api = settings.api.model_copy(update={"port": pick(settings.api.port)})
     settings = settings.model_copy(update={"api": api})
+    codec = codec_for(settings.codec)
+    extra_args = search_attributes.dev_server_args()
+    codec_url = None
+    if codec is not None:  # the UI asks the codec server to decrypt what it shows
+        codec_port = pick(settings.codec.port)
+        codec_url = endpoint_url(settings.codec.host, codec_port)
+        extra_args += ["--ui-codec-endpoint", codec_url]
     env = await WorkflowEnvironment.start_local(
         namespace=settings.temporal.namespace,
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter(settings.codec),
         dev_server_existing_path=temporal_binary(),
         dev_server_database_filename=str(data_dir / "temporal.db"),
-        dev_server_extra_args=search_attributes.dev_server_args(),
+        dev_server_extra_args=extra_args,
         port=port,
         ui=True,
         ui_port=ui_port,
     )
     try:
-        async with running_worker(env.client, settings) as runtime:
+        async with AsyncExitStack() as stack:
+            if codec is not None:
+                codec_app = create_codec_app(codec, ui_origins(settings, ui_port))
+                await stack.enter_async_context(serving(codec_app, settings.codec.host, codec_port))
+            runtime = await stack.enter_async_context(running_worker(env.client, settings))
             app = create_app(runtime.records, temporal_notifier(env.client))
-            async with serving(app, api.host, api.port):
-                yield DevStack(
-                    client=env.client,
-                    address=f"127.0.0.1:{port}",
-                    ui_url=f"http://127.0.0.1:{ui_port}",
-                    api_url=api.url,
-                    records=runtime.records,
-                )
+            await stack.enter_async_context(serving(app, api.host, api.port))
+            yield DevStack(
+                client=env.client,
+                address=f"127.0.0.1:{port}",
+                ui_url=f"http://127.0.0.1:{ui_port}",
+                api_url=api.url,
+                records=runtime.records,
+                codec_url=codec_url,
+            )
     finally:
         await env.shutdown()

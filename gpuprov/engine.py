@@ -6,34 +6,52 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import PrometheusConfig, TelemetryConfig
 from temporalio.runtime import Runtime as TemporalRuntime
 from temporalio.worker import Worker
 
 from activities.cloud import CloudActivities
 from activities.enrolment import Enrolment
+from activities.reconcile import ReconcileActivities
 from activities.store import StoreActivities
 from gpuprov import metrics
-from gpuprov.config import ConfigError, JobsSettings, MetricsSettings, Settings, TemporalSettings
+from gpuprov.codec import data_converter
+from gpuprov.config import (
+    CodecSettings,
+    ConfigError,
+    JobsSettings,
+    MetricsSettings,
+    Settings,
+    TemporalSettings,
+)
 from gpuprov.db import Database
 from gpuprov.records import Records
 from providers import build
 from providers.base import CloudProvider
 from workflows.job import ProvisionJob
 from workflows.offers import PlanOffers
+from workflows.reconcile import Reconcile
 
-WORKFLOWS = [ProvisionJob, PlanOffers]
+WORKFLOWS = [ProvisionJob, PlanOffers, Reconcile]
 
 
-async def connect(settings: TemporalSettings, runtime: TemporalRuntime | None = None) -> Client:
-    """A client for the cluster; a worker built on it reports metrics through `runtime`."""
+async def connect(
+    settings: TemporalSettings,
+    runtime: TemporalRuntime | None = None,
+    codec: CodecSettings | None = None,
+) -> Client:
+    """A client for the cluster; a worker built on it reports metrics through `runtime`.
+
+    Pass `settings.codec`: with keys configured, payloads are encrypted (gpuprov/codec.py), and
+    every worker and client of the namespace must use the same keys.
+    """
     return await Client.connect(
         settings.address,
         namespace=settings.namespace,
-        data_converter=pydantic_data_converter,
+        data_converter=data_converter(codec),
         runtime=runtime,
     )
 
@@ -64,7 +82,10 @@ def build_worker(
     *,
     api_url: str,
     jobs: JobsSettings | None = None,
+    **worker_options: Any,
 ) -> Worker:
+    """The gpuprov worker; `worker_options` go to temporalio's Worker unchanged (the benchmark
+    raises max_concurrent_activities and max_cached_workflows for 1000 concurrent jobs)."""
     jobs = jobs or JobsSettings()
     enrolment = Enrolment(records, api_url, timedelta(seconds=jobs.join_token_ttl_seconds))
     store = StoreActivities(records, timedelta(seconds=jobs.block_ttl_seconds))
@@ -72,7 +93,13 @@ def build_worker(
         client,
         task_queue=task_queue,
         workflows=WORKFLOWS,
-        activities=[*CloudActivities(providers, enrolment).all(), *store.all()],
+        activities=[
+            *CloudActivities(providers, enrolment).all(),
+            *store.all(),
+            # The reconciler asks Temporal (through this worker's client) which jobs are live.
+            *ReconcileActivities(providers, records, client).all(),
+        ],
+        **worker_options,
     )
 
 

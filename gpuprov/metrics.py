@@ -51,7 +51,8 @@ ESTIMATED_SPEND = Metric(
 )
 ORPHANS_FOUND = Metric(
     "gpuprov_orphans_found_total",
-    "Instances whose termination did not confirm, recorded as possible orphans",
+    "Possible orphans recorded: terminations that did not confirm, and machines with the "
+    "gpuprov identity that no live job owns (found by the reconciler)",
     ("provider",),
 )
 ORPHANS_RESOLVED = Metric(

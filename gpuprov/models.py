@@ -102,7 +102,7 @@ class JobSpecError(ValueError):
 def format_validation_error(error: ValidationError) -> str:
     lines = []
     for problem in error.errors():
-        where = ".".join(str(part) for part in problem["loc"]) or "(spec)"
+        where = ".".join(str(part) if part != "" else '""' for part in problem["loc"]) or "(spec)"
         lines.append(f"{where}: {problem['msg']}")
     return "; ".join(lines)
 
@@ -120,7 +120,7 @@ def load_job_spec(path: str | Path) -> JobSpec:
     """Read a job spec from a .toml, .yaml/.yml or .json file."""
     path = Path(path)
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except OSError as error:
         raise JobSpecError(f"cannot read job spec {path}: {error.strerror}") from None
     except UnicodeDecodeError as error:
@@ -133,6 +133,10 @@ def load_job_spec(path: str | Path) -> JobSpec:
         else:
             data = yaml.safe_load(text)
     except (tomllib.TOMLDecodeError, yaml.YAMLError, json.JSONDecodeError) as error:
+        raise JobSpecError(f"malformed job spec {path}: {error}") from None
+    except RecursionError:
+        raise JobSpecError(f"malformed job spec {path}: nested too deeply") from None
+    except ValueError as error:  # e.g. an integer past Python's digit limit
         raise JobSpecError(f"malformed job spec {path}: {error}") from None
     return parse_job_spec(data)
 

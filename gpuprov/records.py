@@ -155,6 +155,34 @@ class Records:
         with self.db.session() as session:
             return session.exec(select(VmRecord).where(VmRecord.vm == vm)).first()
 
+    def get_vms(self, vms: Sequence[str]) -> dict[str, VmRecord]:
+        """The rows of the given VM identities that exist, by identity."""
+        if not vms:
+            return {}
+        with self.db.session() as session:
+            query = select(VmRecord).where(col(VmRecord.vm).in_(list(vms)))
+            return {row.vm: row for row in session.exec(query).all()}
+
+    def unfinished_vms(self) -> list[VmRecord]:
+        """Rows of machines that may still exist: neither terminated nor kept on purpose."""
+        with self.db.session() as session:
+            query = (
+                select(VmRecord)
+                .where(col(VmRecord.status).not_in(("terminated", "kept")))
+                .order_by(col(VmRecord.created_at), col(VmRecord.id))
+            )
+            return list(session.exec(query).all())
+
+    def vm_regions(self) -> set[tuple[str, str]]:
+        """Every (provider, region) that a VM row or an open orphan names."""
+        with self.db.session() as session:
+            vms = session.exec(select(VmRecord.provider, VmRecord.region).distinct()).all()
+            open_orphans = select(OrphanRecord.provider, OrphanRecord.region).where(
+                col(OrphanRecord.resolved_at).is_(None)
+            )
+            orphans = session.exec(open_orphans.distinct()).all()
+        return {(provider, region) for provider, region in [*vms, *orphans]}
+
     def vms_for_job(self, job: str) -> list[VmRecord]:
         with self.db.session() as session:
             query = (
@@ -498,20 +526,26 @@ class Records:
         with self.db.session() as session:
             return session.exec(select(OrphanRecord).where(*where)).one()
 
-    def resolve_orphan(self, vm: str) -> None:
+    def resolve_orphan(self, vm: str) -> bool:
+        """Mark the VM's open orphan resolved; False when none was open (a repeat)."""
         with self.db.session() as session:
-            session.exec(
+            result = session.exec(
                 _update(OrphanRecord)
                 .where(col(OrphanRecord.vm) == vm, col(OrphanRecord.resolved_at).is_(None))
                 .values(resolved_at=utcnow())
             )
             session.commit()
+        return result.rowcount > 0
 
     def open_orphans(self) -> list[OrphanRecord]:
+        return self.orphans()
+
+    def orphans(self, *, include_resolved: bool = False) -> list[OrphanRecord]:
+        """Open orphans (and resolved ones too when asked), oldest first."""
         with self.db.session() as session:
-            query = (
-                select(OrphanRecord)
-                .where(col(OrphanRecord.resolved_at).is_(None))
-                .order_by(col(OrphanRecord.first_seen), col(OrphanRecord.id))
+            query = select(OrphanRecord).order_by(
+                col(OrphanRecord.first_seen), col(OrphanRecord.id)
             )
+            if not include_resolved:
+                query = query.where(col(OrphanRecord.resolved_at).is_(None))
             return list(session.exec(query).all())

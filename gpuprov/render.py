@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+
+from gpuprov.db import OrphanRecord
 from gpuprov.models import JobStatus, WorkerCapabilities
 from providers.base import Offer
 
@@ -98,3 +101,23 @@ def offers_text(offers: list[Offer]) -> str:
             f"{price_text(offer)}"
         )
     return "\n".join(rows)
+
+
+def orphans_text(orphans: list[OrphanRecord], *, include_resolved: bool = False) -> str:
+    """Two lines per possible orphan: where and what, then the last error."""
+    if not orphans:
+        return "no orphans" if include_resolved else "no open orphans"
+    lines = []
+    for orphan in orphans:
+        ids = ", ".join(orphan.instance_ids) or "no ids"
+        state = f"resolved {_when(orphan.resolved_at)}" if orphan.resolved_at else "OPEN"
+        lines.append(
+            f"{orphan.provider}/{orphan.region} {orphan.vm} [{ids}] first seen "
+            f"{_when(orphan.first_seen)}, attempts {orphan.attempts}, {state}"
+        )
+        lines.append(f"    last error: {orphan.last_error}")
+    return "\n".join(lines)
+
+
+def _when(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")

@@ -8,8 +8,9 @@
    the operator service, only the missing ones. An attribute that exists with another type is an
    error the operator must resolve: silently keeping it would break every job's upsert.
 
-The reconciler's Schedule (issue 7) does not exist yet; when it lands, registering it belongs
-here too, so that compose's one-shot `setup` service keeps being the only cluster-level step.
+4. The orphan reconciler's Schedule (gpuprov/schedules.py): created, or updated to match the
+   `[reconcile]` settings, so compose's one-shot `setup` service stays the only cluster-level
+   step. `gpuprov schedules apply` does this step alone.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from gpuprov.client import GpuprovError
 from gpuprov.config import Settings
 from gpuprov.db import Database
 from gpuprov.engine import connect
+from gpuprov.schedules import SCHEDULE_ID, Outcome, apply_reconcile_schedule
 
 KEYWORD = IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
 DEFAULT_RETENTION = timedelta(days=30)  # closed jobs stay inspectable in the UI this long
@@ -59,11 +61,13 @@ class SetupReport:
     namespace_created: bool = False
     attributes_added: list[str] = field(default_factory=list)
     attributes_present: list[str] = field(default_factory=list)
+    schedule: Outcome | None = None  # the reconciler's Schedule
 
     @property
     def changed(self) -> bool:
         migrated = self.revision_before != self.revision_after
-        return migrated or self.namespace_created or bool(self.attributes_added)
+        schedule_changed = self.schedule in ("created", "updated")
+        return migrated or self.namespace_created or bool(self.attributes_added) or schedule_changed
 
     def lines(self) -> list[str]:
         if self.revision_before == self.revision_after:
@@ -76,8 +80,7 @@ class SetupReport:
             f"database {self.database}: {migration}",
             f"namespace {self.namespace}: {'created' if self.namespace_created else 'exists'}",
             f"search attributes added: {added}; already present: {present}",
-            # Issue 7 builds the reconciler; its Schedule will be registered here.
-            "reconciler schedule: not registered (the reconciler does not exist yet, issue 7)",
+            f"reconciler schedule {SCHEDULE_ID}: {self.schedule or 'not applied'}",
             "setup done" if self.changed else "nothing to do: already set up",
         ]
 
@@ -102,7 +105,17 @@ async def setup_cluster(
     report.namespace_created = await _ensure_namespace(client, report.namespace, retention)
     added, present = await _ensure_search_attributes(client, report.namespace, deadline)
     report.attributes_added, report.attributes_present = added, present
+    report.schedule = await _ensure_schedule(client, settings)
     return report
+
+
+async def _ensure_schedule(client: Client, settings: Settings) -> Outcome:
+    try:
+        return await apply_reconcile_schedule(
+            client, settings.temporal.task_queue, settings.reconcile
+        )
+    except RPCError as error:
+        raise SetupError(f"cannot apply the reconciler schedule: {error.message}") from None
 
 
 def _migrate(url: str) -> tuple[str | None, str | None]:
@@ -122,7 +135,7 @@ async def _connect_until(settings: Settings, deadline: float) -> Client:
     """Connect, retrying while the frontend comes up (an open port is not a serving server)."""
     while True:
         try:
-            return await connect(settings.temporal)
+            return await connect(settings.temporal, codec=settings.codec)
         except RuntimeError as error:
             if time.monotonic() >= deadline:
                 address = settings.temporal.address
@@ -219,11 +232,12 @@ def _check_types(existing: dict[str, int], namespace: str) -> None:
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "setup",
-        help="prepare a cluster once: migrations, namespace, search attributes (idempotent)",
+        help="prepare a cluster once: migrations, namespace, search attributes, reconciler "
+        "schedule (idempotent)",
         description=(
-            "Run the database migrations, create the Temporal namespace if it is missing and "
-            "register gpuprov's search attributes. Safe to run again: it only adds what is "
-            "missing."
+            "Run the database migrations, create the Temporal namespace if it is missing, "
+            "register gpuprov's search attributes and create (or update) the orphan "
+            "reconciler's Schedule. Safe to run again: it only adds or fixes what is missing."
         ),
     )
     parser.add_argument(

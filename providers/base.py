@@ -10,6 +10,7 @@ Nothing above this module knows a cloud's name. The core calls these primitives 
 | create | one attempt; label everything `gpuprov-<vm>` | wait for running, or retry |
 | observe | every non-terminated instance with the identity; Failed is reported | hide broken ones |
 | observe_region | optional: the same for every gpuprov VM of a region, one list call | be stale |
+| sweep_regions | optional: regions the reconciler lists even with no record there | call out |
 | delete | request deletion; unknown or gone ids are success | wait |
 | cleanup | delete per-VM side resources; idempotent | touch shared resources |
 | diagnose | read-only findings; default derived from observe | change anything |
@@ -30,7 +31,9 @@ VM_LABEL_PREFIX = "gpuprov-"
 class Model(BaseModel):
     """Base for every record that crosses the boundary: frozen-shape, unknown fields rejected."""
 
-    model_config = ConfigDict(extra="forbid")
+    # No infinities or NaN anywhere: `max_hourly_cost: .inf` would otherwise reach the
+    # workflow as null, i.e. "no cap", and PostgreSQL's JSON refuses them.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class PriceQuote(Model):
@@ -216,8 +219,15 @@ class CloudProvider(abc.ABC):
     async def observe_region(self, location: Location) -> dict[str, list[Observed]] | None:
         """Every non-terminated gpuprov instance in the region, by VM identity, in ONE list
         call; None where the cloud cannot list by identity (the core then observes per VM).
-        Lets the core share one call among every job waiting in a region."""
+        Lets the core share one call among every job waiting in a region, and lets the
+        reconciler find machines that carry the identity but that no record points to."""
         return None
+
+    def sweep_regions(self) -> list[str]:
+        """Regions the reconciler lists on every pass even where no VM row or orphan record
+        points (a machine whose record was lost). Default: none, so it sweeps only the regions
+        the database names. Configuration only: no cloud call."""
+        return []
 
     @abc.abstractmethod
     async def delete(self, location: Location, vm: str, ids: list[str]) -> None: ...

@@ -141,7 +141,7 @@ async def test_teardown_that_gives_up_counts_an_orphan(endpoint, task_queue, job
         samples, metrics.ORPHANS_FOUND.name, provider="fake", activity_type="record_orphan", **ours
     )
     assert found == 1
-    assert value(samples, metrics.ORPHANS_RESOLVED.name) == 0  # no reconciler yet (issue 7)
+    assert value(samples, metrics.ORPHANS_RESOLVED.name) == 0  # the reconciler did not run
 
 
 def test_metrics_are_off_by_default_and_a_bad_bind_names_the_setting():

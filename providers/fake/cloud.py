@@ -11,6 +11,7 @@ Primitive -> what happens in the ledger:
   instance's agent registers through the real API with the join token from its bootstrap
   (providers/fake/agent.py).
 - observe_region: the same for every VM in the region in one call (counted as "list").
+- sweep_regions: every configured region (no call).
 - delete: marks the given ids deleted (unknown ids are success).
 - cleanup: deletes the VM's side resources in the region.
 
@@ -134,6 +135,9 @@ class FakeCloud(CloudProvider):
             if instance.status is InstanceStatus.RUNNING:
                 self._boot_agent(row)
         return by_vm
+
+    def sweep_regions(self) -> list[str]:
+        return [region.name for region in self.config.regions]
 
     async def delete(self, location: Location, vm: str, ids: list[str]) -> None:
         await self._enter("delete", region=location.region, vm=vm)

@@ -42,6 +42,7 @@ async def test_dev_serves_ui_runs_a_job_on_the_fake_cloud_and_stops_cleanly(tmp_
             assert line, "gpuprov dev exited early:\n" + "".join(seen)
             seen.append(line.decode())
         assert f"Web UI at http://127.0.0.1:{ui_port}" in "".join(seen)
+        assert "reconciler schedule gpuprov-reconcile: created (every 300s" in "".join(seen)
         async with httpx.AsyncClient() as http:
             assert (await http.get(f"http://127.0.0.1:{ui_port}/")).status_code == 200
 

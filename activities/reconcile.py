@@ -1,0 +1,356 @@
+"""The reconciler's survey: every machine carrying the gpuprov identity, and which of them no
+live job owns. The workflow (workflows/reconcile.py) then deletes what this returns.
+
+Where it looks: for every enabled provider, every region that a VM row or an open orphan names,
+plus the provider's `sweep_regions()` (regions to list even with no record there). One
+`observe_region` call per region; a cloud that cannot list by identity (None) is asked with
+`observe` for each VM the database knows there instead, so a machine without any record is only
+found where listing works.
+
+How it judges each VM found, and each open orphan:
+- kept (`release="keep"`): never touched, the user kept it on purpose;
+- owned: its row's job workflow `job-<job>` is running AND that workflow's status query lists
+  the VM among its live nodes. Database and Temporal must agree; when Temporal cannot answer,
+  the VM is left alone this pass (never delete on doubt);
+- otherwise an orphan once older than the grace period: age from the VM row's created_at, or,
+  for a machine without a row, from the first pass that saw it (recorded then as an orphan,
+  error "unowned: ..."). A recorded orphan also waits out its retry backoff (`retry_delay`).
+Every candidate is recorded as an orphan before it is returned (the durable note comes before
+the destructive act), so `gpuprov orphans --all` shows every machine the reconciler touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from pydantic import Field
+from temporalio import activity
+from temporalio.client import (
+    Client,
+    WorkflowExecutionStatus,
+    WorkflowQueryFailedError,
+    WorkflowQueryRejectedError,
+)
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities import metrics
+from activities.errors import truncate
+from gpuprov.db import OrphanRecord, VmRecord, utcnow
+from gpuprov.models import JobStatus, workflow_id_for
+from gpuprov.records import Records
+from providers.base import CloudProvider, Location, Model, Observed
+from providers.errors import ProviderError
+
+# A pass deletes at most this many machines (about 35 history events each); the rest wait for
+# the next pass, so one pass's history stays far below Temporal's limits.
+MAX_CANDIDATES_PER_PASS = 100
+# An orphan whose deletion failed waits this long before the next try, doubling per failure
+# (4, 8, 16, 32 minutes, then hourly). The base is below the Schedule's 5-minute interval, so
+# the second try is the next pass.
+RETRY_BACKOFF_BASE = timedelta(minutes=4)
+RETRY_BACKOFF_CAP = timedelta(hours=1)
+TEMPORAL_RPC_TIMEOUT = timedelta(seconds=10)
+MAX_LINES = 50  # left_open / errors listed per pass; counts stay exact
+JOB_STATUS_QUERY = "status"  # ProvisionJob.status (activities do not import workflows)
+
+
+class SurveyInput(Model):
+    grace_seconds: float = Field(default=600.0, ge=0)
+    provider: str | None = None  # only this provider; None = every enabled one
+
+
+class Candidate(Model):
+    """A machine (or what may be left of one) to delete, confirm gone and clean up."""
+
+    vm: str
+    location: Location
+    instance_ids: list[str] = Field(default_factory=list)
+    attempt: int = 0  # from the VM row, when there is one
+    node_index: int = 0
+    observed: bool = False  # the cloud showed it in this pass (else: what may be left of it)
+    reason: str
+
+
+class Survey(Model):
+    candidates: list[Candidate] = Field(default_factory=list)
+    found: int = 0  # orphans recorded for the first time by this pass
+    left_open: list[str] = Field(default_factory=list)  # "vm: why not this pass" (first 50)
+    left_open_count: int = 0
+    errors: list[str] = Field(default_factory=list)  # listing failures, owners unknown
+
+
+def retry_delay(attempts: int) -> timedelta:
+    """How long after its last failed try an orphan waits: none while only recorded once."""
+    if attempts <= 1:
+        return timedelta(0)
+    return min(RETRY_BACKOFF_BASE * 2 ** (attempts - 2), RETRY_BACKOFF_CAP)
+
+
+class OwnerUnknown(Exception):
+    """Temporal could not say whether the job holds the VM: leave it alone this pass."""
+
+
+class _Owners:
+    """The VMs each job's workflow holds live, asked once per job per pass."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._live: dict[str, frozenset[str]] = {}
+
+    async def live_vms(self, job: str) -> frozenset[str]:
+        if job not in self._live:
+            self._live[job] = await self._ask(job)
+        return self._live[job]
+
+    async def _ask(self, job: str) -> frozenset[str]:
+        # The latest run of job-<name>: a VM of an earlier run of the same name carries another
+        # run tag, so it is never among the current run's nodes.
+        handle = self._client.get_workflow_handle(workflow_id_for(job))
+        try:
+            description = await handle.describe(rpc_timeout=TEMPORAL_RPC_TIMEOUT)
+        except RPCError as error:
+            if error.status is RPCStatusCode.NOT_FOUND:
+                return frozenset()
+            raise OwnerUnknown(f"describe job-{job}: {error.message}") from None
+        if description.status is not WorkflowExecutionStatus.RUNNING:
+            return frozenset()
+        try:
+            status = await handle.query(
+                JOB_STATUS_QUERY, result_type=JobStatus, rpc_timeout=TEMPORAL_RPC_TIMEOUT
+            )
+        except (WorkflowQueryFailedError, WorkflowQueryRejectedError, RPCError) as error:
+            raise OwnerUnknown(f"status query of job-{job}: {error}") from None
+        return frozenset(node.vm for node in status.live_nodes())
+
+
+@dataclass
+class _Ledger:
+    """What the database says, read once per pass."""
+
+    regions: set[tuple[str, str]]
+    unfinished: list[VmRecord]
+    orphans: dict[str, OrphanRecord]
+    rows: dict[str, VmRecord] = field(default_factory=dict)
+
+
+class ReconcileActivities:
+    def __init__(
+        self, providers: dict[str, CloudProvider], records: Records, client: Client
+    ) -> None:
+        self._providers = providers
+        self._records = records
+        self._client = client
+
+    def all(self) -> list[Any]:
+        return [self.reconcile_survey]
+
+    @activity.defn(name="reconcile_survey")
+    async def reconcile_survey(self, request: SurveyInput) -> Survey:
+        survey = Survey()
+        ledger = await asyncio.to_thread(self._read_ledger)
+        providers = {
+            name: provider
+            for name, provider in sorted(self._providers.items())
+            if request.provider in (None, name)
+        }
+        seen: dict[str, tuple[Location, list[Observed]]] = {}
+        for name, provider in providers.items():
+            seen.update(await self._list_provider(name, provider, ledger, survey))
+        # Read again after listing: an orphan a job recorded meanwhile is judged as that record.
+        ledger.orphans = await asyncio.to_thread(self._open_orphans)
+        suspects = set(seen)
+        for vm, orphan in ledger.orphans.items():
+            if orphan.provider in providers:
+                suspects.add(vm)
+            elif request.provider in (None, orphan.provider):
+                _leave_open(survey, vm, f"provider {orphan.provider} is not enabled here")
+        ledger.rows = await asyncio.to_thread(self._records.get_vms, sorted(suspects))
+        owners = _Owners(self._client)
+        grace = timedelta(seconds=request.grace_seconds)
+        for vm in sorted(suspects):
+            await self._judge(vm, seen.get(vm), ledger, owners, grace, survey)
+        return survey
+
+    def _read_ledger(self) -> _Ledger:
+        return _Ledger(
+            regions=self._records.vm_regions(),
+            unfinished=self._records.unfinished_vms(),
+            orphans=self._open_orphans(),
+        )
+
+    def _open_orphans(self) -> dict[str, OrphanRecord]:
+        return {orphan.vm: orphan for orphan in self._records.open_orphans()}
+
+    # ------------------------------------------------------------------ listing
+
+    async def _list_provider(
+        self, name: str, provider: CloudProvider, ledger: _Ledger, survey: Survey
+    ) -> dict[str, tuple[Location, list[Observed]]]:
+        regions = {region for p, region in ledger.regions if p == name}
+        regions.update(provider.sweep_regions())
+        seen: dict[str, tuple[Location, list[Observed]]] = {}
+        for region in sorted(regions):
+            location = Location(provider=name, region=region)
+            try:
+                listing = await provider.observe_region(location)
+                if listing is None:
+                    listing = await self._observe_known(provider, location, ledger, survey)
+            except ProviderError as error:
+                _error(survey, f"list {name}/{region}: {error.kind.value}: {error.message}")
+                continue
+            for vm, observed in listing.items():
+                if observed:
+                    seen[vm] = (location, observed)
+        return seen
+
+    async def _observe_known(
+        self, provider: CloudProvider, location: Location, ledger: _Ledger, survey: Survey
+    ) -> dict[str, list[Observed]]:
+        """Without list-by-identity: observe each VM the database knows in the region."""
+        known: dict[str, str | None] = {
+            row.vm: row.zone
+            for row in ledger.unfinished
+            if (row.provider, row.region) == (location.provider, location.region)
+        }
+        for orphan in ledger.orphans.values():
+            if (orphan.provider, orphan.region) == (location.provider, location.region):
+                known.setdefault(orphan.vm, orphan.zone)
+        listing: dict[str, list[Observed]] = {}
+        for vm, zone in sorted(known.items()):
+            try:
+                listing[vm] = await provider.observe(location.model_copy(update={"zone": zone}), vm)
+            except ProviderError as error:
+                _error(survey, f"observe {vm}: {error.kind.value}: {error.message}")
+        return listing
+
+    # ------------------------------------------------------------------ judging
+
+    async def _judge(
+        self,
+        vm: str,
+        seen: tuple[Location, list[Observed]] | None,
+        ledger: _Ledger,
+        owners: _Owners,
+        grace: timedelta,
+        survey: Survey,
+    ) -> None:
+        row, orphan = ledger.rows.get(vm), ledger.orphans.get(vm)
+        if row is not None and row.status == "kept":
+            return  # the user kept it on purpose
+        if row is not None:
+            try:
+                if vm in await owners.live_vms(row.job):
+                    return
+            except OwnerUnknown as error:
+                _error(survey, f"{vm}: left alone, owner unknown: {error}")
+                _leave_open(survey, vm, "owner unknown (Temporal did not answer)")
+                return
+        candidate = _candidate(vm, seen, row, orphan)
+        if row is None and orphan is None:  # first sighting: the grace period starts now
+            orphan = await self._record(candidate, "unowned: carries the identity, no VM record")
+            survey.found += 1
+        if row is not None:
+            born = row.created_at
+        else:
+            assert orphan is not None
+            born = orphan.first_seen
+        now = utcnow()  # after any first record, so a zero grace period means this pass
+        if now - born < grace:
+            _leave_open(survey, vm, f"younger than the grace period ({grace.total_seconds():g}s)")
+            return
+        if orphan is not None and now < orphan.last_seen + retry_delay(orphan.attempts):
+            _leave_open(survey, vm, f"backing off after {orphan.attempts} attempts")
+            return
+        if len(survey.candidates) >= MAX_CANDIDATES_PER_PASS:
+            _leave_open(survey, vm, f"over {MAX_CANDIDATES_PER_PASS} this pass: next pass")
+            return
+        if orphan is None:
+            if not await self._still_there(candidate, survey):
+                return  # its job's teardown finished after the listing: nothing to do
+            job = row.job if row is not None else "none"
+            await self._record(candidate, f"unowned: no live job holds it (job {job})")
+            survey.found += 1
+        survey.candidates.append(candidate)
+
+    async def _still_there(self, candidate: Candidate, survey: Survey) -> bool:
+        """Observe once more before recording a new orphan: a job that released the machine
+        between the listing and the ownership check has confirmed it gone by now."""
+        provider = self._providers[candidate.location.provider]
+        try:
+            observed = await provider.observe(candidate.location, candidate.vm)
+        except ProviderError as error:
+            _error(survey, f"observe {candidate.vm}: {error.kind.value}: {error.message}")
+            _leave_open(survey, candidate.vm, "could not observe it again")
+            return False
+        ids = {*candidate.instance_ids, *(instance.id for instance in observed)}
+        candidate.instance_ids = sorted(ids)
+        return bool(observed)
+
+    async def _record(self, candidate: Candidate, error: str) -> OrphanRecord:
+        location = candidate.location
+
+        def record() -> OrphanRecord:
+            row = self._records.get_vm(candidate.vm)
+            if row is not None and row.status not in ("orphaned", "kept"):
+                self._records.set_vm_status(candidate.vm, "orphaned")
+            return self._records.record_orphan(
+                provider=location.provider,
+                region=location.region,
+                zone=location.zone,
+                vm=candidate.vm,
+                instance_ids=candidate.instance_ids,
+                error=error,
+            )
+
+        orphan = await asyncio.to_thread(record)
+        if orphan.attempts == 1:  # not one a job recorded since this pass read the table
+            metrics.orphan_found(location.provider)
+        return orphan
+
+
+def _candidate(
+    vm: str,
+    seen: tuple[Location, list[Observed]] | None,
+    row: VmRecord | None,
+    orphan: OrphanRecord | None,
+) -> Candidate:
+    """Where the machine is (what the cloud showed, the row's zone being more precise) and
+    every instance id known for it; the delete step observes again anyway."""
+    ids: set[str] = set()
+    if seen is not None:
+        location, observed = seen
+        ids.update(instance.id for instance in observed)
+        if row is not None and row.region == location.region:
+            location = location.model_copy(update={"zone": row.zone})
+    elif row is not None:
+        location = Location(provider=row.provider, region=row.region, zone=row.zone)
+    else:
+        assert orphan is not None  # a suspect is either seen or an open orphan
+        location = Location(provider=orphan.provider, region=orphan.region, zone=orphan.zone)
+    for known in (row, orphan):
+        if known is not None:
+            ids.update(known.instance_ids)
+    reason = orphan.last_error if orphan is not None else "unowned"
+    return Candidate(
+        vm=vm,
+        location=location,
+        instance_ids=sorted(ids),
+        attempt=row.attempt if row is not None else 0,
+        node_index=row.node_index if row is not None else 0,
+        observed=seen is not None,
+        reason=truncate(reason, 500),
+    )
+
+
+def _leave_open(survey: Survey, vm: str, why: str) -> None:
+    survey.left_open_count += 1
+    if len(survey.left_open) < MAX_LINES:
+        survey.left_open.append(f"{vm}: {why}")
+
+
+def _error(survey: Survey, message: str) -> None:
+    if len(survey.errors) < MAX_LINES:
+        survey.errors.append(truncate(message, 500))

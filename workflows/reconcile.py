@@ -1,0 +1,172 @@
+"""Reconcile: the orphan sweeper, started every few minutes by the Temporal Schedule
+"gpuprov-reconcile" (gpuprov/schedules.py). Deterministic only.
+
+1. survey (activities/reconcile.py): every machine carrying the gpuprov identity in every
+   location in use; keep those that no live job owns (database and Temporal agree) and that are
+   older than the grace period, plus the recorded orphans (failed terminations) due for a retry;
+2. for each candidate, the teardown a job uses (workflows/teardown.py): delete -> wait until
+   observe shows nothing with the identity -> VM row terminated; then clean up its side
+   resources;
+3. close its orphan record. A teardown that fails instead bumps the record's attempts and last
+   error; the next pass tries again (the Schedule's interval, stretched by the record's backoff).
+At most MAX_PARALLEL teardowns run at once; the report says what the pass found and did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Iterator
+from typing import TypeVar
+
+from pydantic import Field
+from temporalio import workflow
+from temporalio.exceptions import ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from activities.cloud import CloudActivities
+    from activities.errors import StepFailure
+    from activities.reconcile import Candidate, ReconcileActivities, SurveyInput
+    from activities.store import OrphanInput, ResolveInput, StoreActivities
+    from gpuprov.models import NodeInstance
+    from providers.base import Capabilities, Model
+    from workflows import policy, teardown
+    from workflows.steps import CLOUD_STEP, SHORT_STEP, run_step
+
+MAX_PARALLEL = 10
+T = TypeVar("T")
+MAX_LINES = 50
+
+
+class ReconcileInput(Model):
+    grace_seconds: float = Field(default=600.0, ge=0)  # younger machines are left alone
+    provider: str | None = None  # only this provider; None = every enabled one
+
+
+class ReconcileReport(Model):
+    found: int = 0  # orphans recorded for the first time by this pass
+    deleted: int = 0  # candidates the cloud still showed, now confirmed gone
+    resolved: int = 0  # orphan records closed: gone and cleaned up
+    still_open: int = 0  # suspects left for a later pass (young, backing off, failed, ...)
+    errors: list[str] = Field(default_factory=list)
+    left_open: list[str] = Field(default_factory=list)  # "vm: why" (first 50)
+
+
+@workflow.defn(name="Reconcile")
+class Reconcile:
+    def __init__(self) -> None:
+        self._report = ReconcileReport()
+
+    @workflow.query
+    def report(self) -> ReconcileReport:
+        return self._report
+
+    @workflow.run
+    async def run(self, request: ReconcileInput) -> ReconcileReport:
+        survey = await _must(
+            run_step(
+                "survey",
+                ReconcileActivities.reconcile_survey,
+                SurveyInput(grace_seconds=request.grace_seconds, provider=request.provider),
+                start_to_close_timeout=CLOUD_STEP,
+            )
+        )
+        report = self._report
+        report.found = survey.found
+        report.still_open = survey.left_open_count
+        report.errors += survey.errors
+        report.left_open += survey.left_open
+        self._publish(len(survey.candidates))
+        if survey.candidates:
+            hints = await _must(
+                run_step(
+                    "describe",
+                    CloudActivities.describe_providers,
+                    start_to_close_timeout=SHORT_STEP,
+                )
+            )
+            for batch in _batches(survey.candidates, MAX_PARALLEL):
+                await asyncio.gather(
+                    *(self._resolve(c, hints.get(c.location.provider)) for c in batch)
+                )
+                self._publish(len(survey.candidates))
+        return report
+
+    async def _resolve(self, candidate: Candidate, hints: Capabilities | None) -> None:
+        """Delete, confirm gone, clean up, close the record; a failure leaves it open."""
+        if hints is None:
+            self._failed(candidate, f"provider {candidate.location.provider} not enabled")
+            return
+        location = candidate.location
+        node = NodeInstance(
+            attempt=candidate.attempt,
+            node_index=candidate.node_index,
+            vm=candidate.vm,
+            provider=location.provider,
+            region=location.region,
+            zone=location.zone,
+            instance_ids=candidate.instance_ids,
+            status="leaked",
+        )
+        try:
+            # terminate records a failure itself (the orphan's attempts and last error).
+            await teardown.terminate(node, hints)
+        except StepFailure as failure:
+            self._failed(candidate, str(failure))
+            return
+        if candidate.observed:
+            self._report.deleted += 1
+        try:
+            await teardown.cleanup(node)
+            await run_step(
+                "resolve_orphan",
+                StoreActivities.resolve_orphan,
+                ResolveInput(vm=node.vm, provider=node.provider),
+                start_to_close_timeout=SHORT_STEP,
+                retry_policy=policy.STORE_RETRY,
+            )
+        except StepFailure as failure:
+            await _record_failure(node, failure)
+            self._failed(candidate, str(failure))
+            return
+        self._report.resolved += 1
+
+    def _failed(self, candidate: Candidate, why: str) -> None:
+        self._report.still_open += 1
+        if len(self._report.errors) < MAX_LINES:
+            self._report.errors.append(f"{candidate.vm}: {why}")
+
+    def _publish(self, candidates: int) -> None:
+        report = self._report
+        workflow.set_current_details(
+            f"**{candidates} candidate(s)**: {report.deleted} deleted, {report.resolved} "
+            f"resolved, {report.still_open} still open, {report.found} newly found"
+        )
+
+
+async def _must(step: Awaitable[T]) -> T:
+    """A survey or describe that fails for good fails the pass; the next one starts over."""
+    try:
+        return await step
+    except StepFailure as failure:
+        raise ApplicationError(
+            f"reconcile pass failed: {failure}", type="ReconcileFailed", non_retryable=True
+        ) from None
+
+
+async def _record_failure(node: NodeInstance, failure: StepFailure) -> None:
+    """Cleanup or the record failed after the machine was gone: bump the orphan's attempts so
+    the next pass cleans up again. If the database is down too, the record simply stays open."""
+    with contextlib.suppress(StepFailure):
+        await run_step(
+            "record_orphan",
+            StoreActivities.record_orphan,
+            OrphanInput(node=node, error=str(failure)),
+            start_to_close_timeout=SHORT_STEP,
+            retry_policy=policy.TEARDOWN_RETRY,
+        )
+
+
+def _batches(candidates: list[Candidate], size: int) -> Iterator[list[Candidate]]:
+    for start in range(0, len(candidates), size):
+        yield candidates[start : start + size]
