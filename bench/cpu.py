@@ -1,0 +1,43 @@
+"""CPU seconds used by this process (the worker and the driver, in-process) and by its child
+processes (the Temporal dev server), read from /proc on Linux; zeros elsewhere."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    bench: float  # this process: worker + driver (+ the baseline loop when it runs)
+    server: float  # child processes: the Temporal dev server
+
+    def __sub__(self, other: CpuTimes) -> CpuTimes:
+        return CpuTimes(self.bench - other.bench, self.server - other.server)
+
+
+def cpu_now() -> CpuTimes:
+    return CpuTimes(bench=time.process_time(), server=_children_cpu())
+
+
+def _children_cpu() -> float:
+    tasks = Path("/proc/self/task")
+    if not tasks.is_dir():
+        return 0.0
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for task in tasks.iterdir():
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for pid in children:
+            try:
+                stat = Path(f"/proc/{pid}/stat").read_text()
+            except OSError:
+                continue
+            fields = stat.rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return total

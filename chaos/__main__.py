@@ -1,0 +1,111 @@
+"""`python -m chaos --jobs N --seed S [--kills K] [--server-restarts R] [--out FILE]`
+
+Prints progress on stderr and the summary on stdout; exits 0 only when every check passed
+(docs/reliability.md says what is checked). `make chaos N=200` runs the large configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import sys
+from pathlib import Path
+
+from chaos.run import ChaosRun, Options, command_line
+
+
+def parse(argv: list[str]) -> tuple[Options, Path | None]:
+    parser = argparse.ArgumentParser(prog="python -m chaos", description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=20, help="jobs to submit (default 20)")
+    parser.add_argument("--seed", type=int, default=1, help="seed of every random choice")
+    parser.add_argument(
+        "--kills", type=int, default=None, help="worker SIGKILLs (default: N/20, at least 1)"
+    )
+    parser.add_argument(
+        "--server-restarts",
+        type=int,
+        default=None,
+        help="dev server restarts on its database file (default: N/100, at least 1)",
+    )
+    parser.add_argument(
+        "--window",
+        type=float,
+        default=None,
+        help="seconds over which jobs arrive and disruptions happen (default: N/2, at least 10)",
+    )
+    parser.add_argument(
+        "--deadline",
+        type=float,
+        default=600.0,
+        help="seconds after the last submission for every job to end (default 600)",
+    )
+    parser.add_argument(
+        "--provisioning-timeout",
+        type=int,
+        default=120,
+        help="each job's provisioning_timeout_seconds (default 120)",
+    )
+    parser.add_argument(
+        "--cancel-fraction", type=float, default=0.1, help="share of jobs cancelled (0.1)"
+    )
+    parser.add_argument(
+        "--density", type=float, default=1.0, help="fault rules per job (default 1.0)"
+    )
+    parser.add_argument("--keep", action="store_true", help="keep the run directory")
+    parser.add_argument("--out", type=Path, help="also write the summary as markdown here")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    kills = args.kills if args.kills is not None else max(1, round(args.jobs / 20))
+    restarts = args.server_restarts
+    if restarts is None:
+        restarts = max(1, round(args.jobs / 100))
+    if kills < 0 or restarts < 0:
+        parser.error("--kills and --server-restarts cannot be negative")
+    options = Options(
+        jobs=args.jobs,
+        seed=args.seed,
+        kills=kills,
+        server_restarts=restarts,
+        window=args.window if args.window is not None else max(10.0, args.jobs / 2),
+        deadline=args.deadline,
+        provisioning_timeout=args.provisioning_timeout,
+        cancel_fraction=args.cancel_fraction,
+        density=args.density,
+        keep=args.keep,
+        command=command_line(argv),
+    )
+    return options, args.out
+
+
+async def _main(options: Options, out: Path | None) -> int:
+    run = ChaosRun(options)
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    if task is not None:  # SIGTERM (e.g. from `timeout`) cleans up like Ctrl-C does
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    try:
+        summary = await run.run()
+    finally:
+        text = run.summary.text()
+        print(text, flush=True)
+        if out is not None:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(run.summary.markdown())
+    return 0 if summary.passed else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    options, out = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        return asyncio.run(_main(options, out))
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        print("chaos: interrupted; every process it started has been stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

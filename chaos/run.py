@@ -1,0 +1,863 @@
+"""One chaos run, start to finish.
+
+1. Plan (all from the seed): job sizes and arrival times, which jobs get cancelled and when, the
+   fault rules, the disruption schedule (worker SIGKILLs and dev server restarts, at random
+   moments inside the arrival window) and every pause length.
+2. Start a Temporal dev server on a SQLite file, the control-plane API in this process, and the
+   worker as a subprocess (its fake cloud's state in a file, simulated node agents on).
+3. Submit the jobs as they arrive; release every job that reaches ready (cancelled jobs are
+   held until their cancel), cancel the chosen ones, and disrupt on schedule. The last job is
+   submitted only once every disruption is done, so all of them happen while jobs are running.
+   The worker is supervised: if it exits on its own it is restarted (and that is reported).
+4. Wait until every job is terminal, with a deadline; a job still open then fails the run.
+5. Calm the cloud (the worker restarts without fault rules), read every job's final status,
+   snapshot the cloud's ledger, run ONE reconcile pass (the Reconcile workflow), snapshot again
+   and check.
+
+Every RPC the harness makes is retried across a server restart. Every process it started is
+stopped in `finally`, whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import shlex
+import shutil
+import sqlite3
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, TypeVar
+
+from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
+from temporalio.service import RPCError, RPCStatusCode
+
+from chaos.faults import FaultPlan, Timings, plan_faults, worker_config
+from chaos.processes import DevServer, WorkerProcess
+from chaos.report import Check, JobOutcome, Summary
+from chaos.stalls import THRESHOLD, find_stalls, stall_lines
+from gpuprov import search_attributes
+from gpuprov.api import create_app, serving, temporal_notifier
+from gpuprov.client import GpuprovClient, GpuprovError, JobAlreadyExists, JobHandle, JobNotFound
+from gpuprov.dev import free_port
+from gpuprov.engine import open_records
+from gpuprov.models import JobSpec, JobState, JobStatus
+from gpuprov.records import Records
+from providers.fake import FakeCloudState
+
+T = TypeVar("T")
+
+RETRYABLE = {
+    RPCStatusCode.UNAVAILABLE,
+    RPCStatusCode.DEADLINE_EXCEEDED,
+    RPCStatusCode.UNKNOWN,
+    RPCStatusCode.INTERNAL,
+    RPCStatusCode.RESOURCE_EXHAUSTED,
+    RPCStatusCode.CANCELLED,
+    RPCStatusCode.ABORTED,
+}
+CLOSED = {
+    WorkflowExecutionStatus.COMPLETED: "completed",
+    WorkflowExecutionStatus.FAILED: "failed",
+    WorkflowExecutionStatus.CANCELED: "cancelled",
+    WorkflowExecutionStatus.TERMINATED: "terminated",
+    WorkflowExecutionStatus.TIMED_OUT: "timed_out",
+    WorkflowExecutionStatus.CONTINUED_AS_NEW: "continued_as_new",
+}
+WATCH_INTERVAL = 1.0  # one visibility list call per interval for every job
+DESCRIBE_SWEEP = 10.0  # and a describe of each open job this often (visibility may lag)
+RECONCILE_TIMEOUT = timedelta(minutes=3)
+
+
+@dataclass(frozen=True)
+class Options:
+    jobs: int
+    seed: int
+    kills: int
+    server_restarts: int
+    window: float  # seconds over which jobs arrive (and disruptions happen)
+    deadline: float  # seconds after the last submission for every job to be terminal
+    provisioning_timeout: int
+    cancel_fraction: float = 0.1
+    density: float = 1.0  # fault rules per job (at least the coverage deck)
+    keep: bool = False
+    command: str = ""
+
+
+@dataclass
+class JobRun:
+    name: str
+    nodes: int
+    arrive_at: float
+    cancel_after: float | None  # seconds after submission; None = released when ready
+    handle: JobHandle | None = None
+    submitted_at: float | None = None
+    released: bool = False
+    cancel: str | None = None
+    state: str | None = None  # terminal state once closed
+    last_seen: str = "not submitted"  # GpuprovState from the last look
+    final: JobStatus | None = None
+    error: str | None = None
+
+    @property
+    def workflow_id(self) -> str:
+        return f"job-{self.name}"
+
+
+@dataclass(frozen=True)
+class Disruption:
+    at: float  # seconds since the start of the arrivals
+    action: str  # kill_worker / restart_server
+    pause: float  # how long the process stays down
+    signal: str = "KILL"  # for restart_server: KILL or TERM
+
+
+@dataclass
+class Plan:
+    jobs: list[JobRun]
+    faults: FaultPlan
+    disruptions: list[Disruption]
+
+
+def make_plan(options: Options, timings: Timings) -> Plan:
+    rng = random.Random(options.seed)
+    names = [f"chaos-{i:04d}" for i in range(options.jobs)]
+    arrivals = sorted([0.0] + [rng.uniform(0, options.window) for _ in names[1:]])
+    cancels = 0
+    if options.cancel_fraction > 0 and options.jobs >= 3:
+        cancels = max(1, round(options.jobs * options.cancel_fraction))
+    cancelled = set(rng.sample(names, min(cancels, len(names))))
+    jobs = [
+        JobRun(
+            name=name,
+            nodes=rng.randint(1, 3),
+            arrive_at=arrive_at,
+            cancel_after=round(rng.uniform(0.5, 12.0), 2) if name in cancelled else None,
+        )
+        for name, arrive_at in zip(names, arrivals, strict=True)
+    ]
+    faults = plan_faults(rng, names, options.window, timings, options.density)
+    actions = ["kill_worker"] * options.kills + ["restart_server"] * options.server_restarts
+    rng.shuffle(actions)
+    moments = sorted(rng.uniform(0.1, 0.9) * options.window for _ in actions)
+    disruptions = []
+    restarts = 0
+    for at, action in zip(moments, actions, strict=True):
+        if action == "kill_worker":
+            disruptions.append(Disruption(at, action, round(rng.uniform(0.0, 2.0), 2)))
+        else:
+            # Alternate: the first restart SIGKILLs the server, the next one stops it cleanly.
+            sig = "KILL" if restarts % 2 == 0 else "TERM"
+            restarts += 1
+            disruptions.append(Disruption(at, action, round(rng.uniform(0.5, 3.0), 2), sig))
+    return Plan(jobs, faults, disruptions)
+
+
+def _job_spec(job: JobRun, options: Options) -> JobSpec:
+    return JobSpec.model_validate(
+        {
+            "name": job.name,
+            "nodes": job.nodes,
+            "resources": {"gpu": "H100", "gpus_per_node": 8},
+            "provisioning_timeout_seconds": options.provisioning_timeout,
+        }
+    )
+
+
+class ChaosRun:
+    def __init__(self, options: Options, timings: Timings | None = None) -> None:
+        self.options = options
+        self.timings = timings or Timings()
+        self.plan = make_plan(options, self.timings)
+        self.summary = Summary(
+            command=options.command,
+            seed=options.seed,
+            jobs_requested=options.jobs,
+            kills_requested=options.kills,
+            restarts_requested=options.server_restarts,
+        )
+        self.data_dir = Path(tempfile.mkdtemp(prefix="gpuprov-chaos-"))
+        self.task_queue = f"chaos-{options.seed}-{uuid.uuid4().hex[:8]}"
+        self.database_url = f"sqlite:///{self.data_dir / 'gpuprov.db'}"
+        self.state_path = self.data_dir / "fake-cloud.db"
+        self.config_path = self.data_dir / "gpuprov.toml"  # with the fault rules
+        self.calm_config_path = self.data_dir / "gpuprov-calm.toml"  # without
+        self.server = DevServer(self.data_dir, free_port())
+        self.worker = WorkerProcess(self.config_path, self.data_dir / "worker.log")
+        self.api_port = free_port()
+        self.client: Client | None = None
+        self.records: Records | None = None
+        self.worker_lock = asyncio.Lock()
+        self.server_up = asyncio.Event()
+        self.disruptions_done = asyncio.Event()
+        self.all_submitted = asyncio.Event()
+        self.started = 0.0
+        self.epoch0 = 0.0  # time.time() when the run started (history timestamps)
+        self.disruption_log: list[tuple[float, str]] = []
+        self.arrivals_start = 0.0
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._supervisor: asyncio.Future[Any] | None = None
+
+    # ------------------------------------------------------------------ helpers
+
+    def now(self) -> float:
+        return time.monotonic() - self.started
+
+    def event(self, text: str) -> None:
+        line = f"t+{self.now():7.1f}s {text}"
+        self.summary.timeline.append(line)
+        print(f"chaos: {line}", file=sys.stderr, flush=True)
+
+    async def retrying(
+        self, what: str, call: Callable[[], Awaitable[T]], timeout: float = 180.0
+    ) -> T:
+        """`call()` until it answers; RPC failures from a server that is down are retried."""
+        deadline = time.monotonic() + timeout
+        pause = 0.2
+        while True:
+            try:
+                return await call()
+            except RPCError as error:
+                if error.status not in RETRYABLE or time.monotonic() > deadline:
+                    raise
+                last = f"{error.status.name if error.status else '?'}: {error.message}"
+            except (JobNotFound, JobAlreadyExists):
+                raise
+            except GpuprovError as error:  # the SDK wraps RPC failures in GpuprovError
+                if time.monotonic() > deadline:
+                    raise
+                last = str(error)
+            self.summary.rpc_retries += 1
+            if pause >= 1.6:
+                print(f"chaos: retrying {what}: {last[:160]}", file=sys.stderr, flush=True)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 2.0)
+
+    @property
+    def gpuprov(self) -> GpuprovClient:
+        assert self.client is not None
+        return GpuprovClient(self.client, self.task_queue)
+
+    def write_config(self, *, calm: bool) -> None:
+        worker_config(
+            self.calm_config_path if calm else self.config_path,
+            temporal_address=self.server.address,
+            task_queue=self.task_queue,
+            database_url=self.database_url,
+            api_port=self.api_port,
+            state_path=self.state_path,
+            timings=self.timings,
+            faults=[] if calm else self.plan.faults.rules(),
+        )
+
+    # ------------------------------------------------------------------ the run
+
+    async def run(self) -> Summary:
+        self.started = time.monotonic()
+        self.epoch0 = time.time()
+        self.write_config(calm=False)
+        self.event(
+            f"run directory {self.data_dir}; {len(self.plan.faults.faults)} fault rules; "
+            f"disruptions: " + ", ".join(f"{d.action}@{d.at:.1f}s" for d in self.plan.disruptions)
+        )
+        failed = True
+        try:
+            self.server.start()
+            self.client = await self.server.wait_ready(None)
+            self.server_up.set()
+            self.records = open_records(self.database_url)
+            app = create_app(self.records, temporal_notifier(self.client))
+            async with serving(app, "127.0.0.1", self.api_port):
+                try:
+                    await self._chaos_phase()
+                    await self._final_phase()
+                finally:
+                    await self._stop_tasks(supervisor=True)
+                    self.worker.stop()
+            failed = not self.summary.passed
+        except BaseException as error:
+            self.summary.checks.append(
+                Check("the harness ran to the end", False, f"{type(error).__name__}: {error}")
+            )
+            raise
+        finally:
+            await self._stop_tasks(supervisor=True)
+            self.worker.stop()
+            self.server.stop()
+            if self.records is not None:
+                self.records.db.dispose()
+            self.summary.elapsed = self.now()
+            if failed or self.options.keep:
+                self.summary.data_dir = str(self.data_dir)
+            else:
+                shutil.rmtree(self.data_dir, ignore_errors=True)
+        return self.summary
+
+    async def _stop_tasks(self, supervisor: bool = False) -> None:
+        tasks, self._tasks = self._tasks, []
+        if supervisor and self._supervisor is not None:
+            tasks.append(self._supervisor)  # type: ignore[arg-type]
+            self._supervisor = None
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    def _spawn(self, coroutine: Awaitable[Any], name: str) -> asyncio.Task[Any]:
+        task = asyncio.ensure_future(coroutine)
+        task.set_name(name)
+        self._tasks.append(task)
+        return task
+
+    async def _chaos_phase(self) -> None:
+        async with self.worker_lock:
+            self.worker.start()
+        self.event(f"worker started (pid {self.worker.pid})")
+        self.arrivals_start = time.monotonic()
+        # The supervisor outlives the chaos phase: the final phase needs a worker too.
+        self._supervisor = asyncio.ensure_future(self._supervise_worker())
+        monkey = self._spawn(self._disrupt(), "monkey")
+        submitter = self._spawn(self._submit_all(), "submitter")
+        await self._watch_until_terminal()
+        for task in (monkey, submitter):
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+
+    # ------------------------------------------------------------------ disruptions
+
+    async def _sleep_until(self, at: float) -> None:
+        delay = self.arrivals_start + at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+    async def _supervise_worker(self) -> None:
+        """A worker that exits on its own is restarted, as a service manager would."""
+        while True:
+            await asyncio.sleep(0.5)
+            await self.server_up.wait()  # a worker cannot start while Temporal is down
+            async with self.worker_lock:
+                if self.worker.running or self.worker.proc is None:
+                    continue
+                code = self.worker.proc.returncode
+                self.summary.unplanned_worker_exits += 1
+                self.disruption_log.append((self.now(), f"worker exit on its own ({code})"))
+                self.event(f"worker exited on its own (exit status {code}); restarting it")
+                tail = self.worker.log_tail(2000).strip().splitlines()
+                self.summary.findings.append(
+                    f"the worker exited on its own at t+{self.now():.0f}s with status {code} "
+                    f"(restarted); its last log line: {tail[-1][:300] if tail else '(none)'}"
+                )
+                self.worker.start()
+
+    async def _disrupt(self) -> None:
+        try:
+            for disruption in self.plan.disruptions:
+                await self._sleep_until(disruption.at)
+                if disruption.action == "kill_worker":
+                    await self._kill_worker(disruption.pause)
+                else:
+                    await self._restart_server(disruption)
+        finally:
+            self.disruptions_done.set()
+
+    async def _kill_worker(self, pause: float) -> None:
+        async with self.worker_lock:
+            pid = self.worker.pid
+            self.worker.kill()
+            self.summary.kills_done += 1
+            self.disruption_log.append((self.now(), f"SIGKILL worker #{self.summary.kills_done}"))
+            self.event(
+                f"SIGKILL worker #{self.summary.kills_done} (pid {pid}); "
+                f"{self._open_jobs()} job(s) open; down {pause:g}s"
+            )
+            await asyncio.sleep(pause)
+            self.worker.start()
+        self.event(f"worker restarted (pid {self.worker.pid})")
+
+    async def _restart_server(self, disruption: Disruption) -> None:
+        self.server_up.clear()
+        if disruption.signal == "KILL":
+            self.server.kill()
+        else:
+            await asyncio.to_thread(self.server.stop)
+        self.summary.restarts_done += 1
+        self.disruption_log.append(
+            (self.now(), f"dev server SIG{disruption.signal} #{self.summary.restarts_done}")
+        )
+        self.event(
+            f"dev server stopped with SIG{disruption.signal} (restart "
+            f"#{self.summary.restarts_done}); {self._open_jobs()} job(s) open; "
+            f"down {disruption.pause:g}s"
+        )
+        await asyncio.sleep(disruption.pause)
+        self.server.start()
+        await self.server.wait_ready(self.client, timeout=120)
+        self.server_up.set()
+        self.event("dev server back on the same database file and port")
+
+    def _open_jobs(self) -> int:
+        return sum(1 for job in self.plan.jobs if job.submitted_at is not None and not job.state)
+
+    # ------------------------------------------------------------------ jobs
+
+    async def _submit_all(self) -> None:
+        for index, job in enumerate(self.plan.jobs):
+            if index == len(self.plan.jobs) - 1:
+                await self.disruptions_done.wait()  # every disruption hits a running run
+            await self._sleep_until(job.arrive_at)
+            await self._submit(job)
+        self.all_submitted.set()
+        self.event(f"all {len(self.plan.jobs)} jobs submitted")
+
+    async def _submit(self, job: JobRun) -> None:
+        spec = _job_spec(job, self.options)
+
+        async def submit() -> JobHandle:
+            try:
+                return await self.gpuprov.submit(spec)
+            except JobAlreadyExists:  # an earlier try landed, its answer did not
+                return self.gpuprov.job(job.name)
+            except RuntimeError as error:  # the SDK's client is mid-reconnect
+                raise GpuprovError(str(error)) from None
+
+        job.handle = await self.retrying(f"submit {job.name}", submit)
+        job.submitted_at = time.monotonic()
+        job.last_seen = "queued"
+        if job.cancel_after is not None:
+            self._spawn(self._cancel_later(job), f"cancel {job.name}")
+
+    async def _cancel_later(self, job: JobRun) -> None:
+        assert job.cancel_after is not None and job.handle is not None
+        await asyncio.sleep(job.cancel_after)
+        if job.state:
+            job.cancel = f"not sent: the job had already ended {job.state}"
+            return
+        handle = job.handle
+        try:
+            await self.retrying(f"cancel {job.name}", handle.cancel)
+            job.cancel = f"sent while {job.last_seen}"
+        except JobNotFound as error:
+            job.cancel = f"too late: {error}"
+        except Exception as error:  # reported, never fatal: the job still has to end
+            job.cancel = f"failed to send: {error}"
+        self.event(f"cancel {job.name}: {job.cancel}")
+
+    async def _release(self, job: JobRun) -> None:
+        assert job.handle is not None
+        handle = job.handle
+        try:
+            await self.retrying(f"release {job.name}", handle.release)
+        except JobNotFound:
+            pass  # it ended meanwhile
+        except Exception as error:
+            job.released = False  # look again next round
+            print(f"chaos: release {job.name} failed: {error}", file=sys.stderr, flush=True)
+
+    def _seen(self, job: JobRun, status: WorkflowExecutionStatus | None, state: str | None):
+        if status is not None and status in CLOSED:
+            if not job.state:
+                job.state = CLOSED[status]
+            return
+        job.last_seen = state or job.last_seen
+        held = job.cancel_after is not None  # released by its cancel, not by us
+        if state == JobState.READY.value and not job.released and not held:
+            job.released = True
+            self._spawn(self._release(job), f"release {job.name}")
+
+    async def _watch_until_terminal(self) -> None:
+        assert self.client is not None
+        client = self.client
+        by_id = {job.workflow_id: job for job in self.plan.jobs}
+        query = f"TaskQueue = '{self.task_queue}' AND WorkflowType = 'ProvisionJob'"
+        deadline: float | None = None
+        last_sweep = time.monotonic()
+        while True:
+            submitted = [job for job in self.plan.jobs if job.submitted_at is not None]
+            open_jobs = [job for job in submitted if not job.state]
+            if self.all_submitted.is_set():
+                if not open_jobs:
+                    self.event("every job is terminal")
+                    return
+                if deadline is None:
+                    deadline = time.monotonic() + self.options.deadline
+                elif time.monotonic() > deadline:
+                    self.event(f"deadline: {len(open_jobs)} job(s) still open")
+                    return
+            try:
+                async for execution in client.list_workflows(query):
+                    job = by_id.get(execution.id)
+                    if job is None or job.submitted_at is None:
+                        continue
+                    state = execution.typed_search_attributes.get(search_attributes.STATE)
+                    if execution.status in CLOSED and not job.state:
+                        await self._confirm_closed(job)
+                    else:
+                        self._seen(job, None, state)
+                if time.monotonic() - last_sweep > DESCRIBE_SWEEP:
+                    last_sweep = time.monotonic()
+                    for job in open_jobs:
+                        await self._confirm_closed(job)
+            except RPCError as error:
+                if error.status not in RETRYABLE:
+                    raise
+                self.summary.rpc_retries += 1
+            await asyncio.sleep(WATCH_INTERVAL)
+
+    async def _confirm_closed(self, job: JobRun) -> None:
+        """Describe is authoritative (visibility may lag); it also carries the job's state."""
+        assert self.client is not None
+        description = await self.client.get_workflow_handle(job.workflow_id).describe()
+        state = description.typed_search_attributes.get(search_attributes.STATE)
+        was = job.state
+        self._seen(job, description.status, state)
+        if job.state and not was:
+            self.event(f"{job.name} ended {job.state}")
+
+    # ------------------------------------------------------------------ the end
+
+    async def _final_phase(self) -> None:
+        await self._stop_tasks()  # no more disruptions, releases or cancels
+        summary = self.summary
+        # The cloud calms down: the worker restarts without fault rules for what follows.
+        self.write_config(calm=True)
+        async with self.worker_lock:
+            await asyncio.to_thread(self.worker.stop)
+            self.worker.use_config(self.calm_config_path)
+            self.worker.start()
+        self.event("worker restarted without fault rules for the reconcile pass")
+        await self._collect_final_statuses()
+        await self._find_stalls()
+        await asyncio.sleep(self.timings.delete_delay + 0.5)  # deletions in flight settle
+        before = self._ledger()
+        summary.live_before_reconcile = before["live"]
+        summary.side_before_reconcile = before["side"]
+        summary.orphans_before_reconcile = self._open_orphans()
+        unrecorded = self._unrecorded(before["live_vms"])
+        await self._reconcile_once()
+        await asyncio.sleep(self.timings.delete_delay + 0.5)
+        after = self._ledger()
+        summary.live_after = after["live"]
+        summary.side_after = after["side"]
+        summary.orphans_after = self._open_orphans()
+        self._fault_stats()
+        self._checks(after, unrecorded)
+
+    async def _collect_final_statuses(self) -> None:
+        limit = asyncio.Semaphore(8)
+
+        async def one(job: JobRun) -> None:
+            if job.handle is None:
+                return
+            handle = job.handle
+            async with limit:
+                with contextlib.suppress(Exception):
+                    await self._confirm_closed(job)
+                try:
+                    job.final = await self.retrying(f"status of {job.name}", handle.status, 60)
+                except Exception as error:
+                    job.error = f"(final status unreadable: {error})"
+                if job.final is not None:
+                    job.error = job.final.error
+                    job.last_seen = job.final.state.value
+
+        await asyncio.gather(*(one(job) for job in self.plan.jobs))
+        for job in self.plan.jobs:
+            final = job.final
+            self.summary.jobs.append(
+                JobOutcome(
+                    name=job.name,
+                    nodes=job.nodes,
+                    state=job.state or ("not submitted" if job.handle is None else "open"),
+                    faults=[fault.describe() for fault in self.plan.faults.for_job(job.name)],
+                    error=job.error,
+                    leaks=list(final.leaks) if final else [],
+                    attempts=[a.describe() for a in final.attempts] if final else [],
+                    released=job.released,
+                    cancel=job.cancel,
+                    waiting_for=final.waiting_for if final else None,
+                )
+            )
+
+    async def _find_stalls(self) -> None:
+        assert self.client is not None
+        submitted = [job.workflow_id for job in self.plan.jobs if job.handle is not None]
+        stalls, unread = await find_stalls(self.client, submitted, self.epoch0)
+        summary = self.summary
+        summary.stall_count = len(stalls)
+        summary.stalls = stall_lines(stalls, self.disruption_log)
+        if unread:
+            summary.findings.append(f"{len(unread)} job histories unreadable: {unread[:3]}")
+        if not stalls:
+            return
+        stalled_jobs = {stall.job for stall in stalls}
+        timed_out = [
+            job.name
+            for job in summary.jobs
+            if job.state == "failed" and "provisioning timed out" in (job.error or "")
+        ]
+        summary.findings.append(
+            f"{len(stalls)} activity step(s) in {len(stalled_jobs)} job(s) waited more than "
+            f"{THRESHOLD:g}s for their next attempt (a worker that died held them; they come "
+            f"back only after their timeout: see 'stalls'); {len(timed_out)} job(s) failed by "
+            f"provisioning timeout, {len(set(timed_out) & stalled_jobs)} of them had a stall"
+        )
+
+    def _ledger(self) -> dict[str, Any]:
+        state = FakeCloudState(str(self.state_path))
+        try:
+            live = state.live_instances(self.timings.delete_delay)
+            side = state.live_side_resources()
+            creates = state.creates_per_vm()
+            rows = state.instances()
+            calls = Counter()
+            for (primitive, _region), n in state.call_counts().items():
+                calls[primitive] += n
+        finally:
+            state.close()
+        self.summary.calls = dict(calls)
+        return {
+            "live": [f"{r.vm} {r.id} ({r.boot_mode}, deleted_at={r.deleted_at})" for r in live],
+            "live_vms": sorted({r.vm for r in live}),
+            "side": [f"{vm} {region} {kind} {name}" for vm, region, kind, name in side],
+            "creates": creates,
+            "rows": rows,
+        }
+
+    def _open_orphans(self) -> list[str]:
+        assert self.records is not None
+        return [
+            f"{o.vm} ({o.provider}/{o.region}, attempts {o.attempts}): {o.last_error}"
+            for o in self.records.open_orphans()
+        ]
+
+    def _unrecorded(self, live_vms: list[str]) -> list[str]:
+        """Live machines no open orphan record names, once every job has ended."""
+        assert self.records is not None
+        recorded = {o.vm for o in self.records.open_orphans()}
+        return [vm for vm in live_vms if vm not in recorded]
+
+    async def _reconcile_once(self) -> None:
+        summary = self.summary
+        try:
+            from gpuprov import engine
+            from workflows.reconcile import ReconcileInput
+        except Exception as error:
+            summary.reconcile = f"reconciler unavailable: cannot import it ({error})"
+            return
+        names = {getattr(w, "__temporal_workflow_definition").name for w in engine.WORKFLOWS}
+        if "Reconcile" not in names:
+            summary.reconcile = (
+                "reconciler unavailable: no workflow named Reconcile in gpuprov.engine.WORKFLOWS"
+            )
+            return
+        assert self.client is not None
+        client = self.client
+        workflow_id = f"chaos-reconcile-{uuid.uuid4().hex[:8]}"
+        self.event(f"reconcile pass {workflow_id}")
+        try:
+            report = await client.execute_workflow(
+                "Reconcile",
+                ReconcileInput(grace_seconds=0),
+                id=workflow_id,
+                task_queue=self.task_queue,
+                execution_timeout=RECONCILE_TIMEOUT,
+                result_type=_report_type(),
+            )
+        except WorkflowFailureError as error:
+            summary.reconcile = f"FAILED: {error.cause or error}"
+            return
+        except RPCError as error:
+            summary.reconcile = f"FAILED: {error.status}: {error.message}"
+            return
+        scalars, lines = _describe_report(report)
+        summary.reconcile = f"ran ({workflow_id}): {scalars}"
+        summary.reconcile_detail = lines
+        self.event(f"reconcile pass done: {summary.reconcile}")
+
+    def _fault_stats(self) -> None:
+        summary, plan = self.summary, self.plan.faults
+        summary.fault_rules = len(plan.faults)
+        summary.faults_by_effect = dict(plan.by_effect())
+        summary.faults_by_primitive = dict(plan.by_primitive())
+        summary.fault_kinds = dict(plan.error_kinds())
+        with contextlib.closing(sqlite3.connect(self.state_path)) as db:
+            hits = dict(db.execute("SELECT rule, matched FROM fault_hits").fetchall())
+        for index, fault in enumerate(plan.faults):
+            matched = hits.get(index, 0)
+            fired = max(0, matched - fault.rule.after)
+            if fault.rule.times is not None:
+                fired = min(fired, fault.rule.times)
+            summary.fault_hits += fired
+            summary.fault_rules_fired += fired > 0
+
+    # ------------------------------------------------------------------ checks
+
+    def _checks(self, after: dict[str, Any], unrecorded: list[str]) -> None:
+        summary = self.summary
+        checks = summary.checks
+        jobs = {job.name: job for job in summary.jobs}
+        open_jobs = [job for job in summary.jobs if job.state in ("open", "not submitted")]
+        odd = [job for job in summary.jobs if job.state in ("terminated", "timed_out")]
+        states = summary.states()
+        checks.append(
+            Check(
+                "every job reached a terminal state",
+                not open_jobs and not odd,
+                f"{len(summary.jobs) - len(open_jobs)}/{len(summary.jobs)} ("
+                + ", ".join(f"{s} {n}" for s, n in sorted(states.items()))
+                + ")",
+                [
+                    f"seed {summary.seed}: {job.name} still {job.state} "
+                    f"(last: {self._job(job.name).last_seen}; waiting for: {job.waiting_for}); "
+                    f"faults: {job.faults or 'none'}"
+                    for job in open_jobs
+                ]
+                + [f"{job.name} ended {job.state} (the harness never does that)" for job in odd],
+            )
+        )
+        creates: dict[str, int] = after["creates"]
+        summary.vms = len(creates)
+        summary.creates_max = max(creates.values(), default=0)
+        duplicates = {vm: n for vm, n in creates.items() if n != 1}
+        rows = after["rows"]
+        checks.append(
+            Check(
+                "creates per VM identity (must be exactly 1)",
+                not duplicates,
+                f"{len(creates)} VM identities, "
+                + (f"{len(duplicates)} with more than one create" if duplicates else "all 1"),
+                [
+                    f"seed {summary.seed}: VM {vm} created {n} times: "
+                    + ", ".join(
+                        f"{r.id} at t+{r.created_at - self._epoch_start():.1f}s ({r.boot_mode})"
+                        for r in rows
+                        if r.vm == vm
+                    )
+                    + f"; job {_job_of(vm)} faults: {jobs.get(_job_of(vm), _no_job()).faults}"
+                    for vm, n in sorted(duplicates.items())
+                ],
+            )
+        )
+        checks.append(
+            Check(
+                "live instances after release and one reconcile pass (must be 0)",
+                not summary.live_after,
+                f"{len(summary.live_after)} "
+                f"(before the pass: {len(summary.live_before_reconcile)})",
+                [f"seed {summary.seed}: {line}" for line in summary.live_after],
+            )
+        )
+        checks.append(
+            Check(
+                "live side resources after one reconcile pass (must be 0)",
+                not summary.side_after,
+                f"{len(summary.side_after)} "
+                f"(before the pass: {len(summary.side_before_reconcile)})",
+                [f"seed {summary.seed}: {line}" for line in summary.side_after],
+            )
+        )
+        ran = summary.reconcile.startswith("ran")
+        checks.append(
+            Check(
+                "open orphans after one reconcile pass (must be 0)",
+                ran and not summary.orphans_after,
+                (f"{len(summary.orphans_after)}" if ran else summary.reconcile)
+                + f" (before the pass: {len(summary.orphans_before_reconcile)})",
+                [f"seed {summary.seed}: {line}" for line in summary.orphans_after]
+                + ([] if ran else [summary.reconcile]),
+            )
+        )
+        checks.append(
+            Check(
+                "disruptions done as planned (worker SIGKILLs, dev server restarts >= 1)",
+                summary.kills_done == summary.kills_requested
+                and summary.restarts_done == summary.restarts_requested
+                and summary.restarts_done >= 1,
+                f"kills {summary.kills_done}/{summary.kills_requested}, "
+                f"server restarts {summary.restarts_done}/{summary.restarts_requested}",
+            )
+        )
+        # Findings: worth reading, not fatal by themselves.
+        for vm in unrecorded:
+            job = jobs.get(_job_of(vm), _no_job())
+            summary.findings.append(
+                f"{vm} was still running when every job had ended, with no orphan record "
+                f"(only a listing reconciler can find it); job {job.name} ended {job.state}, "
+                f"leaks {job.leaks or 'none'}, faults {job.faults or 'none'}"
+            )
+        for job in summary.jobs:
+            if job.cancel and job.cancel.startswith("sent") and job.state == "failed":
+                summary.findings.append(
+                    f"{job.name} was cancelled ({job.cancel}) but ended failed, not cancelled: "
+                    f"{_first_line(job.error)}"
+                )
+        leaky = [job for job in summary.jobs if job.leaks]
+        if leaky:
+            summary.findings.append(
+                f"{len(leaky)} job(s) reported teardown leaks (each should be an orphan record "
+                "that the reconcile pass resolves): "
+                + "; ".join(f"{job.name} ({job.state}): {' / '.join(job.leaks)}" for job in leaky)
+            )
+
+    def _job(self, name: str) -> JobRun:
+        return next(job for job in self.plan.jobs if job.name == name)
+
+    def _epoch_start(self) -> float:
+        return time.time() - (time.monotonic() - self.started)
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "no error recorded").strip().splitlines()[0][:300]
+
+
+def _job_of(vm: str) -> str:
+    """`chaos-0007-a1-n0-abc123` -> `chaos-0007`."""
+    return vm.split("-a", 1)[0] if vm.startswith("chaos-") else vm
+
+
+def _no_job() -> JobOutcome:
+    return JobOutcome(name="(unknown)", nodes=0, state="unknown", faults=[])
+
+
+def _report_type() -> Any:
+    try:
+        from workflows.reconcile import ReconcileReport
+    except ImportError:
+        return None
+    return ReconcileReport
+
+
+def _describe_report(report: Any) -> tuple[str, list[str]]:
+    """The report as "name=value, ..." and one line per listed item, whatever its shape."""
+    if report is None:
+        return "no report", []
+    if hasattr(report, "model_dump"):
+        data = report.model_dump(mode="json")
+    elif isinstance(report, dict):
+        data = report
+    else:
+        return repr(report)[:300], []
+    scalars, lines = [], []
+    for key, value in data.items():
+        if isinstance(value, list):
+            scalars.append(f"{key}={len(value)}")
+            lines += [f"{key}: {str(item)[:300]}" for item in value[:30]]
+        else:
+            scalars.append(f"{key}={value}")
+    return ", ".join(scalars), lines
+
+
+def command_line(argv: list[str]) -> str:
+    return "python -m chaos " + " ".join(shlex.quote(arg) for arg in argv)
+
+
+__all__ = ["ChaosRun", "Options", "command_line"]

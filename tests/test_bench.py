@@ -1,0 +1,54 @@
+"""The benchmark harness (bench/) runs end to end at its smallest sizes and renders its report.
+
+No timed assertions: only what is deterministic (every job ends, one create per node, one
+failover sample per stockout, the happy path's history size) and that the tables render."""
+
+from __future__ import annotations
+
+from temporalio.client import Client
+
+from bench.__main__ import Sizes, run_all
+from bench.report import render
+from bench.stats import BenchResults
+from bench.targets import MAX_HAPPY_EVENTS
+
+SMALLEST = Sizes(
+    overhead=(1, 5),
+    observe=(1, 5),
+    throughput=5,
+    failover_repeats=1,
+    triple_failover_repeats=1,
+    observe_intervals=2,
+)
+
+
+async def test_bench_smallest_sizes_run_and_render(client: Client) -> None:
+    results = BenchResults(command="pytest", machine="test", quick=True)
+    await run_all(SMALLEST, results, client)
+
+    assert results.throughput is not None and results.throughput.error is None
+    assert all(t.ok for t in results.throughput.timings)
+    for run in results.overhead:
+        assert run.error is None
+        assert [t.ok for t in run.gpuprov] == [True] * run.jobs
+        assert [t.ok for t in run.baseline] == [True] * run.jobs
+        assert run.calls["create"] == run.jobs == run.baseline_calls["create"]
+    happy = results.overhead[0].gpuprov[0]
+    assert 0 < happy.events <= MAX_HAPPY_EVENTS, happy.events
+    assert [len(run.samples) for run in results.failover] == [1, 3]
+    for run in results.observe:
+        assert run.error is None and run.still_waiting == run.jobs
+        assert run.observe + run.list > 0
+
+    report = render(results)
+    for heading in (
+        "## Targets (issue 8)",
+        "## Overhead per single-node job",
+        "## The limit: gpuprov / plain asyncio loop",
+        "## Throughput (one worker, zero cloud latency)",
+        "## Failover latency",
+        "## Cloud API calls",
+        "## History per job",
+    ):
+        assert heading in report
+    assert f"| single node, happy path (1 job) | {happy.events} |" in report
