@@ -32,6 +32,9 @@ class _RegionPoller:
             loop = asyncio.get_running_loop()
             start_at = max(loop.time(), self.last_start + self.interval)
             self.pending = asyncio.create_task(self._list_at(start_at))
+            # Every waiter may give up (activities cancelled) before the call finishes: its
+            # outcome is then nobody's, so retrieve it here rather than log it as unhandled.
+            self.pending.add_done_callback(_retrieve)
         # shield: one waiter giving up (its activity cancelled) must not cancel the others' call
         return await asyncio.shield(self.pending)
 
@@ -42,6 +45,11 @@ class _RegionPoller:
         self.last_start = loop.time()
         self.calls += 1
         return await self.provider.observe_region(self.location)
+
+
+def _retrieve(task: asyncio.Task[object]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 class ObserveHub:

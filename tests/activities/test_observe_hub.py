@@ -117,3 +117,29 @@ async def test_a_cloud_that_cannot_list_a_region_is_observed_per_vm():
     assert [o.id for o in await hub.observe(cloud, R1, "vm-0", INTERVAL)] == ["i-0"]
     assert [o.id for o in await hub.observe(cloud, R1, "vm-0", INTERVAL)] == ["i-0"]
     assert cloud.per_vm_calls == 2
+
+
+class FailingCloud(RecordingCloud):
+    async def observe_region(self, location: Location) -> dict[str, list[Observed]] | None:
+        await asyncio.sleep(0.1)
+        raise RuntimeError("the cloud is closed")
+
+
+async def test_a_list_call_nobody_waits_for_any_more_does_not_log_an_unhandled_error():
+    import gc
+
+    loop = asyncio.get_running_loop()
+    unhandled: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
+    try:
+        hub = ObserveHub()
+        waiter = asyncio.create_task(hub.observe(FailingCloud(), R1, "vm-0", INTERVAL))
+        await asyncio.sleep(0.02)
+        waiter.cancel()  # its activity was cancelled; the shared call goes on and fails
+        await asyncio.sleep(0.3)
+        gc.collect()
+        await asyncio.sleep(0)
+    finally:
+        loop.set_exception_handler(previous)
+    assert unhandled == []
