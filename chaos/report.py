@@ -63,6 +63,7 @@ class Summary:
     orphans_after: list[str] = field(default_factory=list)
     timeline: list[str] = field(default_factory=list)
     stall_count: int = 0
+    waits: str = ""  # workflow task waits (chaos/stalls.py)
     stalls: list[str] = field(default_factory=list)  # chaos/stalls.py
     data_dir: str | None = None  # kept for inspection (on failure or --keep)
 
@@ -96,6 +97,7 @@ class Summary:
             f"live side resources {len(self.side_before_reconcile)}, "
             f"open orphans {len(self.orphans_before_reconcile)}",
             f"reconcile pass: {self.reconcile}",
+            f"workflow task waits: {self.waits or 'not measured'}",
             f"elapsed: {self.elapsed:.1f}s",
         ]
 

@@ -43,7 +43,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from chaos.faults import FaultPlan, Timings, plan_faults, worker_config
 from chaos.processes import DevServer, WorkerProcess
 from chaos.report import Check, JobOutcome, Summary
-from chaos.stalls import THRESHOLD, find_stalls, stall_lines
+from chaos.stalls import THRESHOLD, JobTimes, find_stalls, stall_lines
 from gpuprov import search_attributes
 from gpuprov.api import create_app, serving, temporal_notifier
 from gpuprov.client import GpuprovClient, GpuprovError, JobAlreadyExists, JobHandle, JobNotFound
@@ -590,25 +590,29 @@ class ChaosRun:
     async def _find_stalls(self) -> None:
         assert self.client is not None
         submitted = [job.workflow_id for job in self.plan.jobs if job.handle is not None]
-        stalls, unread = await find_stalls(self.client, submitted, self.epoch0)
+        times, unread = await find_stalls(self.client, submitted, self.epoch0)
         summary = self.summary
-        summary.stall_count = len(stalls)
-        summary.stalls = stall_lines(stalls, self.disruption_log)
         if unread:
             summary.findings.append(f"{len(unread)} job histories unreadable: {unread[:3]}")
-        if not stalls:
-            return
-        stalled_jobs = {stall.job for stall in stalls}
-        timed_out = [
+        stalls = [stall for job_times in times for stall in job_times.stalls]
+        summary.stall_count = len(stalls)
+        summary.stalls = stall_lines(stalls, self.disruption_log)
+        timed_out = {
             job.name
             for job in summary.jobs
             if job.state == "failed" and "provisioning timed out" in (job.error or "")
-        ]
+        }
+        if times:
+            summary.waits = _waits_line(times, timed_out)
+        if not stalls and not timed_out:
+            return
+        stalled_jobs = {stall.job for stall in stalls}
         summary.findings.append(
             f"{len(stalls)} activity step(s) in {len(stalled_jobs)} job(s) waited more than "
             f"{THRESHOLD:g}s for their next attempt (a worker that died held them; they come "
             f"back only after their timeout: see 'stalls'); {len(timed_out)} job(s) failed by "
-            f"provisioning timeout, {len(set(timed_out) & stalled_jobs)} of them had a stall"
+            f"provisioning timeout, {len(timed_out & stalled_jobs)} of them had such a stall "
+            "(for the others see 'workflow task waits')"
         )
 
     def _ledger(self) -> dict[str, Any]:
@@ -813,6 +817,23 @@ class ChaosRun:
 
     def _epoch_start(self) -> float:
         return time.time() - (time.monotonic() - self.started)
+
+
+def _waits_line(times: list[JobTimes], timed_out: set[str]) -> str:
+    """How long workflow tasks waited for a worker, overall and for the timed-out jobs."""
+    waits = sorted(times, key=lambda t: t.wft_wait)
+    total = sum(t.wft_wait for t in waits)
+    slowest = waits[-1]
+    line = (
+        f"total {total:.0f}s over {len(waits)} jobs (mean {total / len(waits):.1f}s, "
+        f"max {slowest.wft_wait:.0f}s in {slowest.job}); "
+        f"workflow task timeouts {sum(t.wft_timeouts for t in waits)}"
+    )
+    late = [t for t in waits if t.job in timed_out]
+    if late:
+        mean = sum(t.wft_wait for t in late) / len(late)
+        line += f"; the {len(late)} job(s) that hit their provisioning timeout: mean {mean:.1f}s"
+    return line
 
 
 def _first_line(text: str | None) -> str:

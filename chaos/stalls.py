@@ -1,4 +1,10 @@
-"""Where jobs lost time: activity steps that waited long for their next attempt.
+"""Where jobs lost time, read from their histories.
+
+- Stalls: activity steps that waited long for their next attempt.
+- Workflow task waits: how long each job's workflow tasks waited for a worker (schedule to
+  start), and how many timed out. After a SIGKILL the restarted worker has an empty cache, so
+  every open job replays its history on its next task, on top of the worker's start-up; on a
+  small machine this, more than any single stall, is where a chaos run's time goes.
 
 When a worker dies holding an activity, Temporal only hands it out again once the attempt's
 timeout runs out: the heartbeat timeout for the steps that heartbeat (create, the waits), the
@@ -20,6 +26,16 @@ THRESHOLD = 25.0  # above the forward retry backoff (1+2+4+8 s) and a heartbeat 
 MAX_FETCHES = 8
 
 
+@dataclass
+class JobTimes:
+    """Per job: workflow task waits (seconds) and timeouts."""
+
+    job: str
+    wft_wait: float = 0.0
+    wft_timeouts: int = 0
+    stalls: tuple[Stall, ...] = ()
+
+
 @dataclass(frozen=True)
 class Stall:
     job: str
@@ -36,32 +52,41 @@ class Stall:
 
 async def find_stalls(
     client: Client, workflow_ids: list[str], epoch0: float, threshold: float = THRESHOLD
-) -> tuple[list[Stall], list[str]]:
-    """Stalls of every job (seconds relative to `epoch0`), and histories it could not read."""
+) -> tuple[list[JobTimes], list[str]]:
+    """Each job's stalls and waits (seconds relative to `epoch0`), and unreadable histories."""
     limit = asyncio.Semaphore(MAX_FETCHES)
     unread: list[str] = []
 
-    async def one(workflow_id: str) -> list[Stall]:
+    async def one(workflow_id: str) -> JobTimes | None:
         async with limit:
             try:
                 history = await client.get_workflow_handle(workflow_id).fetch_history()
             except Exception as error:  # reported, never fatal
                 unread.append(f"{workflow_id}: {error}")
-                return []
-        return _stalls(workflow_id.removeprefix("job-"), history.events, epoch0, threshold)
+                return None
+        return _times(workflow_id.removeprefix("job-"), history.events, epoch0, threshold)
 
     results = await asyncio.gather(*(one(workflow_id) for workflow_id in workflow_ids))
-    return [stall for result in results for stall in result], unread
+    return [result for result in results if result is not None], unread
 
 
-def _stalls(job: str, events, epoch0: float, threshold: float) -> list[Stall]:  # type: ignore[no-untyped-def]
+def _times(job: str, events, epoch0: float, threshold: float) -> JobTimes:  # type: ignore[no-untyped-def]
+    times = JobTimes(job)
+    task_scheduled: float | None = None
     scheduled: dict[int, tuple[str, float]] = {}
     started: dict[int, tuple[int, float]] = {}
     given_up: dict[int, tuple[str, float]] = {}
     for event in events:
         at = event.event_time.ToMicroseconds() / 1e6 - epoch0
         kind = event.event_type
-        if kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+        if kind == EventType.EVENT_TYPE_WORKFLOW_TASK_SCHEDULED:
+            task_scheduled = at
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_STARTED and task_scheduled is not None:
+            times.wft_wait += max(0.0, at - task_scheduled)
+            task_scheduled = None
+        elif kind == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+            times.wft_timeouts += 1
+        elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attributes = event.activity_task_scheduled_event_attributes
             scheduled[event.event_id] = (attributes.activity_type.name, at)
         elif kind == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
@@ -86,7 +111,8 @@ def _stalls(job: str, events, epoch0: float, threshold: float) -> list[Stall]:  
             how, when = given_up[event_id]
             if when - at > threshold:
                 found.append(Stall(job, activity, at, when, None, how))
-    return found
+    times.stalls = tuple(found)
+    return times
 
 
 def stall_lines(stalls: list[Stall], disruptions: list[tuple[float, str]]) -> list[str]:

@@ -239,10 +239,11 @@ def _sqlite_engine(url: URL) -> Engine:
     @sa.event.listens_for(engine, "connect")
     def _pragmas(dbapi_connection: Any, _record: Any) -> None:
         cursor = dbapi_connection.cursor()
-        # WAL lets readers run beside the one writer; busy_timeout makes a second writer wait
-        # for the lock instead of failing at once with "database is locked".
-        cursor.execute("PRAGMA journal_mode=WAL")
+        # busy_timeout first: switching to WAL needs a lock too, and without the timeout a
+        # process starting beside another failed at once with "database is locked" (seen in
+        # CI). WAL lets readers run beside the one writer; a second writer waits its turn.
         cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
