@@ -8,5 +8,6 @@ identity, nothing left running, no side resource left, no open orphan, every job
 - faults.py: the seeded fault plan and the worker's TOML config.
 - processes.py: the dev server and worker subprocesses (start, SIGKILL, restart, always stop).
 - run.py: the run itself (submit, disrupt, release/cancel, wait, reconcile, collect).
+- stalls.py: where jobs lost time, read from their histories.
 - report.py: the checks and the summary (text and markdown).
 """

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import signal
 import sys
+import threading
 from pathlib import Path
 
 from chaos.run import ChaosRun, Options, command_line
@@ -80,13 +80,41 @@ def parse(argv: list[str]) -> tuple[Options, Path | None]:
     return options, args.out
 
 
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def _sender(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return cmdline.read().replace(b"\0", b" ").decode(errors="replace").strip()[:200]
+    except OSError:
+        return "?"
+
+
+def _watch_stop_signals(loop: asyncio.AbstractEventLoop, task: asyncio.Task[int]) -> None:
+    """SIGINT, SIGTERM, SIGHUP (Ctrl-C, `timeout`, a closed terminal) end the run cleanly, and
+    the harness says who sent them: the signals are blocked (before any thread starts) and
+    waited for here, so their sender's pid is known."""
+
+    def wait() -> None:
+        info = signal.sigwaitinfo(STOP_SIGNALS)
+        name = signal.Signals(info.si_signo).name
+        print(
+            f"chaos: received {name} from pid {info.si_pid} ({_sender(info.si_pid)}); "
+            "stopping every process it started",
+            file=sys.stderr,
+            flush=True,
+        )
+        loop.call_soon_threadsafe(task.cancel)
+
+    threading.Thread(target=wait, name="chaos-signals", daemon=True).start()
+
+
 async def _main(options: Options, out: Path | None) -> int:
     run = ChaosRun(options)
     task = asyncio.current_task()
-    loop = asyncio.get_running_loop()
-    if task is not None:  # SIGTERM (e.g. from `timeout`) cleans up like Ctrl-C does
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(signal.SIGTERM, task.cancel)
+    if task is not None and hasattr(signal, "sigwaitinfo"):
+        _watch_stop_signals(asyncio.get_running_loop(), task)  # type: ignore[arg-type]
     try:
         summary = await run.run()
     finally:
@@ -100,6 +128,10 @@ async def _main(options: Options, out: Path | None) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     options, out = parse(sys.argv[1:] if argv is None else argv)
+    if hasattr(signal, "sigwaitinfo"):
+        # Blocked in this thread before asyncio starts any: every thread inherits the mask,
+        # so only the watcher's sigwaitinfo sees them (children unblock them: processes.py).
+        signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         return asyncio.run(_main(options, out))
     except (KeyboardInterrupt, asyncio.CancelledError):

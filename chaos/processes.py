@@ -30,15 +30,18 @@ STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL on a normal stop
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    """In the child before exec: get SIGKILL when the harness dies (Linux only)."""
-    with contextlib.suppress(Exception):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+def _child_setup() -> None:
+    """In the child before exec: the harness blocks its stop signals (chaos/__main__.py) and
+    the mask is inherited, so unblock them; and get SIGKILL when the harness dies (Linux)."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(Exception):
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _preexec() -> Callable[[], None] | None:
-    return _die_with_parent if sys.platform.startswith("linux") else None
+    return _child_setup if hasattr(signal, "pthread_sigmask") else None
 
 
 class Child:
