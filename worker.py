@@ -24,13 +24,15 @@ async def serve(config_path: str | None) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    async with running_worker(client, settings):
+    async with running_worker(client, settings) as runtime:
         logging.info(
             "worker on %s/%s, providers: %s",
             settings.temporal.address,
             settings.temporal.task_queue,
-            ", ".join(settings.providers.enabled_ids()) or "none",
+            ", ".join(runtime.providers) or "none",
         )
+        for provider, reason in sorted(runtime.skipped.items()):
+            logging.warning("provider %s skipped: %s", provider, reason)
         if settings.metrics.bind:
             logging.info("metrics on http://%s/metrics", settings.metrics.bind)
         await stop.wait()

@@ -1,6 +1,7 @@
 """One Temporal activity per provider primitive, plus the two waits the core owns.
 
 - describe_providers: enabled provider ids and their Capabilities (the wait bounds).
+- skipped_providers: configured clouds left out for lack of credentials, with the reason.
 - plan: one provider's offers, split into compatible and rejected (with reasons).
 - prepare / cleanup: per-VM side resources.
 - create: one attempt; on any retry it observes first and adopts what landed, so a lost
@@ -100,15 +101,20 @@ class CloudActivities:
     """Activities bound to the providers this worker was built with (no global registry)."""
 
     def __init__(
-        self, providers: dict[str, CloudProvider], enrolment: Enrolment | None = None
+        self,
+        providers: dict[str, CloudProvider],
+        enrolment: Enrolment | None = None,
+        skipped: dict[str, str] | None = None,
     ) -> None:
         self._providers = providers
+        self._skipped = dict(skipped or {})  # configured clouds left out, and why
         self._enrolment = enrolment
         self._observe_hub = ObserveHub()  # waits in one region share one list call
 
     def all(self) -> list[Any]:
         return [
             self.describe_providers,
+            self.skipped_providers,
             self.plan,
             self.prepare,
             self.create,
@@ -134,6 +140,11 @@ class CloudActivities:
     @activity.defn(name="describe_providers")
     async def describe_providers(self) -> dict[str, Capabilities]:
         return {name: provider.capabilities() for name, provider in self._providers.items()}
+
+    @activity.defn(name="skipped_providers")
+    async def skipped_providers(self) -> dict[str, str]:
+        """Configured clouds this worker could not build (e.g. no credentials), with why."""
+        return dict(self._skipped)
 
     @activity.defn(name="plan")
     async def plan(self, request: PlanInput) -> PlanResult:

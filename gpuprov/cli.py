@@ -189,6 +189,8 @@ async def _offers(settings: Settings, args: argparse.Namespace) -> int:
     print(offers_text(result.offers))
     for error in result.errors:
         print(f"plan failed: {error}")
+    for provider, reason in sorted(result.skipped.items()):
+        print(f"skipped {provider}: {reason}")
     return 0
 
 

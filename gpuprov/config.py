@@ -19,11 +19,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, SecretStr, ValidationError, model_validator
+from pydantic import AfterValidator, ConfigDict, Field, SecretStr, ValidationError, model_validator
 
 from gpuprov.models import format_validation_error
+from providers.aws.config import AwsConfig
 from providers.base import Model
 from providers.errors import ErrorKind
+from providers.gce.config import GceConfig
+from providers.lambda_cloud.config import LambdaConfig
+from providers.prime.config import PrimeConfig
+from providers.runpod.config import RunPodConfig
+from providers.settings import ProviderSettings
+from providers.ssh.config import SshConfig
+from providers.vast.config import VastConfig
 
 ENV_PREFIX = "GPUPROV_"
 CONFIG_ENV = "GPUPROV_CONFIG"
@@ -143,12 +151,6 @@ class CodecSettings(Model):
         }
 
 
-class ProviderSettings(Model):
-    """Fields every provider section has."""
-
-    enabled: bool = True
-
-
 # ---------------------------------------------------------------- [providers.fake]
 
 
@@ -237,12 +239,31 @@ class FakeProviderConfig(ProviderSettings):
 
 
 class ProvidersSettings(Model):
+    """One optional section per cloud, keyed by provider id; an absent section is a cloud this
+    deployment does not use (`lambda` is a Python keyword, hence the field name `lambda_`)."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
+
     fake: FakeProviderConfig | None = None
+    lambda_: LambdaConfig | None = Field(default=None, alias="lambda")
+    runpod: RunPodConfig | None = None
+    vast: VastConfig | None = None
+    prime: PrimeConfig | None = None
+    aws: AwsConfig | None = None
+    gce: GceConfig | None = None
+    ssh: SshConfig | None = None
+
+    def section(self, provider_id: str) -> ProviderSettings | None:
+        """The section of `provider_id` (its TOML name), or None where absent or unknown."""
+        for name, field in type(self).model_fields.items():
+            if (field.alias or name) == provider_id:
+                return getattr(self, name)
+        return None
 
     def enabled_ids(self) -> list[str]:
         return [
-            name
-            for name in type(self).model_fields
+            field.alias or name
+            for name, field in type(self).model_fields.items()
             if (section := getattr(self, name)) is not None and section.enabled
         ]
 

@@ -29,7 +29,7 @@ from gpuprov.config import (
 )
 from gpuprov.db import Database
 from gpuprov.records import Records
-from providers import build
+from providers import build_all
 from providers.base import CloudProvider
 from workflows.job import ProvisionJob
 from workflows.offers import PlanOffers
@@ -82,6 +82,7 @@ def build_worker(
     *,
     api_url: str,
     jobs: JobsSettings | None = None,
+    skipped: dict[str, str] | None = None,
     **worker_options: Any,
 ) -> Worker:
     """The gpuprov worker; `worker_options` go to temporalio's Worker unchanged (the benchmark
@@ -94,7 +95,7 @@ def build_worker(
         task_queue=task_queue,
         workflows=WORKFLOWS,
         activities=[
-            *CloudActivities(providers, enrolment).all(),
+            *CloudActivities(providers, enrolment, skipped).all(),
             *store.all(),
             # The reconciler asks Temporal (through this worker's client) which jobs are live.
             *ReconcileActivities(providers, records, client).all(),
@@ -115,13 +116,15 @@ class Runtime:
     worker: Worker
     records: Records
     providers: dict[str, CloudProvider]
+    skipped: dict[str, str]
 
 
 @asynccontextmanager
 async def running_worker(client: Client, settings: Settings) -> AsyncIterator[Runtime]:
     """Build the providers and the records from `settings`, run a worker until the block exits."""
     records = open_records(settings.database_url)
-    providers = build(settings.providers)
+    built = build_all(settings.providers)
+    providers = built.providers
     worker = build_worker(
         client,
         settings.temporal.task_queue,
@@ -129,10 +132,13 @@ async def running_worker(client: Client, settings: Settings) -> AsyncIterator[Ru
         records,
         api_url=settings.api.url,
         jobs=settings.jobs,
+        skipped=built.skipped,
     )
     try:
         async with worker:
-            yield Runtime(worker=worker, records=records, providers=providers)
+            yield Runtime(
+                worker=worker, records=records, providers=providers, skipped=built.skipped
+            )
     finally:
         for provider in providers.values():
             await provider.aclose()

@@ -4,6 +4,7 @@ suite). Nothing about Temporal is mocked."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,6 +19,20 @@ from gpuprov.binaries import temporal_binary
 from gpuprov.db import Database
 from gpuprov.records import Records
 from tests.postgres import postgres_scratch, postgres_url  # noqa: F401  (fixtures)
+
+# Real cloud credentials in the developer's environment must never reach a test: adapters under
+# test are built with explicit keys and base URLs, and nothing else may find a real account.
+_CLOUD_CREDENTIAL_PREFIXES = (
+    "LAMBDA_",
+    "RUNPOD_",
+    "VAST_",
+    "PRIME_",
+    "AWS_",
+    "GOOGLE_",
+    "CLOUDSDK_",
+)
+for _name in [n for n in os.environ if n.startswith(_CLOUD_CREDENTIAL_PREFIXES)]:
+    del os.environ[_name]
 
 
 @pytest.fixture(scope="session")

@@ -32,6 +32,7 @@ class OffersResult(Model):
     offers: list[Offer] = Field(default_factory=list)
     rejected: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)  # "provider: kind at plan: message"
+    skipped: dict[str, str] = Field(default_factory=dict)  # configured but not built, and why
 
 
 @workflow.defn(name="PlanOffers")
@@ -46,6 +47,15 @@ class PlanOffers:
         allowed = query.request.providers
         providers = [p for p in sorted(capabilities) if allowed is None or p in allowed]
         result = OffersResult()
+        if workflow.patched("offers-report-skipped-providers"):
+            skipped = await workflow.execute_activity_method(
+                CloudActivities.skipped_providers,
+                start_to_close_timeout=SHORT_STEP,
+                retry_policy=policy.FORWARD_RETRY,
+            )
+            result.skipped = {
+                p: why for p, why in skipped.items() if allowed is None or p in allowed
+            }
         plans = await asyncio.gather(
             *(self._plan(PlanInput(provider=p, request=query.request), result) for p in providers)
         )

@@ -229,8 +229,8 @@ def test_unknown_section_is_rejected_naming_it(tmp_path: Path) -> None:
 
 
 def test_unknown_provider_section_is_rejected_naming_it(tmp_path: Path) -> None:
-    message = config_error(write(tmp_path, "[providers.aws]\nenabled = true\n"))
-    assert "providers.aws: Extra inputs are not permitted" in message
+    message = config_error(write(tmp_path, "[providers.azure]\nenabled = true\n"))
+    assert "providers.azure: Extra inputs are not permitted" in message
 
 
 def test_unknown_fault_field_is_rejected_naming_its_path(tmp_path: Path) -> None:

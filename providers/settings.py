@@ -1,0 +1,64 @@
+"""What every `[providers.<id>]` section shares, and how an adapter finds its credentials.
+
+Each cloud's own section model lives beside its adapter (`providers/<id>/config.py`) and
+derives from `ProviderSettings`; gpuprov/config.py gathers them under `[providers]`. Credentials
+come from the setting itself, a file it names, or the cloud's conventional environment variable,
+in that order; a cloud without any is skipped (`MissingCredentials`), never half-built.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import SecretStr
+
+from providers.base import Model
+
+
+class MissingCredentials(Exception):
+    """A configured cloud has no usable credentials; the message says how to supply them."""
+
+
+class ProviderSettings(Model):
+    """Fields every provider section has."""
+
+    enabled: bool = True
+
+
+class ApiKeySettings(ProviderSettings):
+    """A cloud reached with one API key: `api_key`, or `api_key_file`, or the environment."""
+
+    api_key: SecretStr | None = None
+    api_key_file: str | None = None
+
+    def resolve_api_key(self, env_var: str, environ: Mapping[str, str] | None = None) -> str:
+        """The key, or MissingCredentials naming the three places it may come from."""
+        key = resolve_secret(self.api_key, self.api_key_file, env_var, environ)
+        if key is None:
+            raise MissingCredentials(f"no API key: set {env_var}, or api_key_file or api_key")
+        return key
+
+
+def resolve_secret(
+    value: SecretStr | None,
+    file: str | None,
+    env_var: str | None,
+    environ: Mapping[str, str] | None = None,
+) -> str | None:
+    """The first non-empty of: the setting, the file it names, the environment variable."""
+    if value is not None and value.get_secret_value().strip():
+        return value.get_secret_value().strip()
+    if file:
+        try:
+            text = Path(file).expanduser().read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as error:
+            raise MissingCredentials(f"cannot read credentials file {file}: {error}") from None
+        if not text:
+            raise MissingCredentials(f"credentials file {file} is empty")
+        return text
+    environ = os.environ if environ is None else environ
+    if env_var and (found := environ.get(env_var, "").strip()):
+        return found
+    return None
