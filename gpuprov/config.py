@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import importlib
 import os
 import re
 import tomllib
@@ -26,12 +27,14 @@ from providers.aws.config import AwsConfig
 from providers.base import Model
 from providers.errors import ErrorKind
 from providers.gce.config import GceConfig
-from providers.lambda_cloud.config import LambdaConfig
 from providers.prime.config import PrimeConfig
 from providers.runpod.config import RunPodConfig
 from providers.settings import ProviderSettings
 from providers.ssh.config import SshConfig
 from providers.vast.config import VastConfig
+
+# `lambda` is a Python keyword, so its package is imported by name (directory = provider id).
+LambdaConfig = importlib.import_module("providers.lambda.config").LambdaConfig
 
 ENV_PREFIX = "GPUPROV_"
 CONFIG_ENV = "GPUPROV_CONFIG"

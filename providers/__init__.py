@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 # MissingCredentials when it has none.
 _FACTORIES: dict[str, str] = {
     "fake": "providers.fake:FakeCloud",
-    "lambda": "providers.lambda_cloud.cloud:LambdaCloud",
+    "lambda": "providers.lambda.cloud:LambdaCloud",
     "runpod": "providers.runpod.cloud:RunPodCloud",
     "vast": "providers.vast.cloud:VastCloud",
     "prime": "providers.prime.cloud:PrimeCloud",
