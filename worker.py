@@ -9,21 +9,52 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
 import logging
 import os
 import signal
 
-from gpuprov.config import load_settings
+from temporalio.client import Client
+
+from gpuprov.config import Settings, load_settings
 from gpuprov.engine import connect, metrics_runtime, running_worker
+
+# Waits between tries to reach Temporal at start-up: a worker started before its cluster (or
+# during a restart) waits for it instead of exiting, the way `docker compose up` needs.
+CONNECT_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+async def connect_patiently(settings: Settings, stop: asyncio.Event) -> Client | None:
+    """Connect, retrying with backoff until it works or `stop` is set (then None)."""
+    runtime = metrics_runtime(settings.metrics)
+    for tries in itertools.count():
+        try:
+            return await connect(settings.temporal, runtime, settings.codec)
+        except RuntimeError as error:  # temporalio's "Failed client connect: ..."
+            delay = CONNECT_BACKOFF[min(tries, len(CONNECT_BACKOFF) - 1)]
+            logging.warning(
+                "cannot reach Temporal at %s (%s); retrying in %gs",
+                settings.temporal.address,
+                error,
+                delay,
+            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        if stop.is_set():
+            return None
+    return None
 
 
 async def serve(config_path: str | None) -> None:
     settings = load_settings(config_path)
-    client = await connect(settings.temporal, metrics_runtime(settings.metrics), settings.codec)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    client = await connect_patiently(settings, stop)
+    if client is None:
+        return
     async with running_worker(client, settings) as runtime:
         logging.info(
             "worker on %s/%s, providers: %s",

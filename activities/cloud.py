@@ -148,8 +148,9 @@ class CloudActivities:
 
     @activity.defn(name="plan")
     async def plan(self, request: PlanInput) -> PlanResult:
-        with classified():
-            offers = await self._provider(request.provider).plan(request.request)
+        async with _beating():
+            with classified():
+                offers = await self._provider(request.provider).plan(request.request)
         result = PlanResult()
         for offer in offers:
             reasons = compatibility_reasons(offer, request.request)
@@ -163,8 +164,11 @@ class CloudActivities:
 
     @activity.defn(name="prepare")
     async def prepare(self, request: PrepareInput) -> dict[str, Any]:
-        with classified():
-            return await self._provider(request.offer.provider).prepare(request.offer, request.spec)
+        async with _beating():
+            with classified():
+                return await self._provider(request.offer.provider).prepare(
+                    request.offer, request.spec
+                )
 
     @activity.defn(name="create")
     async def create(self, request: CreateInput) -> list[str]:
@@ -172,7 +176,7 @@ class CloudActivities:
         spec = request.spec
         # Heartbeats let Temporal notice a dead worker within the heartbeat timeout instead
         # of the whole start-to-close timeout; the retry then observes and adopts.
-        async with Heartbeater(WaitProgress(started_at=time.time())):
+        async with _beating():
             return await self._create_once(request, provider, spec)
 
     async def _create_once(
@@ -205,17 +209,21 @@ class CloudActivities:
     @activity.defn(name="delete")
     async def delete(self, request: VmInput) -> list[str]:
         provider = self._provider(request.location.provider)
-        with classified():
-            observed = await provider.observe(request.location, request.vm)
-            ids = sorted({*request.ids, *(o.id for o in observed)})
-            if ids:
-                await provider.delete(request.location, request.vm, ids)
+        async with _beating():
+            with classified():
+                observed = await provider.observe(request.location, request.vm)
+                ids = sorted({*request.ids, *(o.id for o in observed)})
+                if ids:
+                    await provider.delete(request.location, request.vm, ids)
         return ids
 
     @activity.defn(name="cleanup")
     async def cleanup(self, request: VmInput) -> None:
-        with classified():
-            await self._provider(request.location.provider).cleanup(request.location, request.vm)
+        async with _beating():
+            with classified():
+                await self._provider(request.location.provider).cleanup(
+                    request.location, request.vm
+                )
 
     @activity.defn(name="observe")
     async def observe(self, request: VmInput) -> list[Observed]:
@@ -326,3 +334,9 @@ def _raise_if_failed(observed: list[Observed]) -> None:
                 ErrorKind.FAILED,
                 f"instance {instance.id} failed: {instance.message or 'no reason given'}",
             )
+
+
+def _beating() -> Heartbeater[WaitProgress]:
+    """Heartbeat while one cloud call runs: the workflow gives these steps a short heartbeat
+    timeout, so a worker killed mid-call is noticed in seconds, not after start-to-close."""
+    return Heartbeater(WaitProgress(started_at=time.time()), beat_at_start=False)

@@ -23,8 +23,11 @@ class Heartbeater(Generic[ProgressT]):
     this activity (another worker, after a crash), so a wait keeps its original deadline.
     """
 
-    def __init__(self, progress: ProgressT) -> None:
+    def __init__(self, progress: ProgressT, *, beat_at_start: bool = True) -> None:
         self.progress = progress
+        # False: the first beat waits one interval, so a call that ends quickly sends none
+        # (the heartbeat timeout runs from the activity's start either way).
+        self._beat_at_start = beat_at_start
         timeout = activity.info().heartbeat_timeout
         self._interval = (
             timeout.total_seconds() / 3 if isinstance(timeout, timedelta) else DEFAULT_INTERVAL
@@ -46,6 +49,8 @@ class Heartbeater(Generic[ProgressT]):
         activity.heartbeat(progress.model_dump(mode="json"))
 
     async def _beat(self) -> None:
+        if not self._beat_at_start:
+            await asyncio.sleep(self._interval)
         while True:
             activity.heartbeat(self.progress.model_dump(mode="json"))
             await asyncio.sleep(self._interval)

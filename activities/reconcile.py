@@ -292,11 +292,8 @@ class ReconcileActivities:
     async def _record(self, candidate: Candidate, error: str) -> OrphanRecord:
         location = candidate.location
 
-        def record() -> OrphanRecord:
-            row = self._records.get_vm(candidate.vm)
-            if row is not None and row.status not in ("orphaned", "kept"):
-                self._records.set_vm_status(candidate.vm, "orphaned")
-            return self._records.record_orphan(
+        orphan = await asyncio.to_thread(
+            lambda: self._records.record_orphaned_vm(
                 provider=location.provider,
                 region=location.region,
                 zone=location.zone,
@@ -304,8 +301,7 @@ class ReconcileActivities:
                 instance_ids=candidate.instance_ids,
                 error=error,
             )
-
-        orphan = await asyncio.to_thread(record)
+        )
         if orphan.attempts == 1:  # not one a job recorded since this pass read the table
             metrics.orphan_found(location.provider)
         return orphan

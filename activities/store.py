@@ -134,6 +134,7 @@ class StoreActivities:
                 key=row.key,
                 kind=ErrorKind(row.kind),
                 message=row.message,
+                expires_at=_aware_utc(row.expires_at),
             )
             for row in rows
         ]
@@ -201,19 +202,17 @@ class StoreActivities:
     async def record_orphan(self, request: OrphanInput) -> None:
         node = request.node
 
-        def record() -> int:
-            if self._records.get_vm(node.vm) is not None:
-                self._records.set_vm_status(node.vm, "orphaned")
-            return self._records.record_orphan(
+        orphan = await asyncio.to_thread(
+            lambda: self._records.record_orphaned_vm(
                 provider=node.provider,
                 region=node.region,
                 zone=node.zone,
                 vm=node.vm,
                 instance_ids=node.instance_ids,
                 error=request.error,
-            ).attempts
-
-        if await asyncio.to_thread(record) == 1:  # a reconciler's failed retry is not new
+            )
+        )
+        if orphan.attempts == 1:  # a reconciler's failed retry is not new
             metrics.orphan_found(node.provider)
 
     @activity.defn(name="resolve_orphan")
@@ -232,3 +231,8 @@ class StoreActivities:
         for row in rows:
             (released.idle if row.state == "idle" else released.revoked).append(row.id)
         return released
+
+
+def _aware_utc(moment: datetime) -> datetime:
+    """SQLite hands datetimes back naive; every stored time is UTC."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)

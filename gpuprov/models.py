@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import tomllib
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -277,6 +278,8 @@ class Block(Model):
     key: str  # offer id, "provider/region" or provider id
     kind: ErrorKind
     message: str
+    # When the shared block (database) lapses; None for a block this job set itself this run.
+    expires_at: datetime | None = None
 
     def covers(self, offer: Offer) -> bool:
         if self.scope is BlockScope.OFFER:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
@@ -207,14 +208,39 @@ class ProvisionJob:
     async def _provision(self) -> None:
         if not self._spec.placement.provisioning:
             raise JobFailed("placement.provisioning is false and no existing worker is eligible")
-        self._waiting("offers from the enabled providers")
-        offers = await self._plan()
+        while True:
+            self._waiting("offers from the enabled providers")
+            offers = await self._plan()
+            for offer in offers:
+                if blocking(self._status.blocks, offer) is not None or self._tried(offer):
+                    continue
+                if await self._try_offer(offer):
+                    return
+            wait = self._until_a_shared_block_lapses(offers)
+            if wait is None or not workflow.patched("wait-for-shared-blocks"):
+                raise JobFailed(self._spent_message(offers))
+            # Other jobs' recent failures block every offer left: wait for the first of those
+            # blocks to lapse and plan again (within the provisioning timeout), rather than fail
+            # a job that never tried (chaos finding 7).
+            self._waiting(f"offers blocked by other jobs' failures; next block lapses in {wait:g}s")
+            await workflow.sleep(wait)
+
+    def _tried(self, offer: Offer) -> bool:
+        return any(attempt.offer.id == offer.id for attempt in self._status.attempts)
+
+    def _until_a_shared_block_lapses(self, offers: list[Offer]) -> float | None:
+        """Seconds until an untried offer is free of blocks, counting only shared blocks (with
+        an expiry); None when every offer left is blocked by this job's own failures."""
+        now = workflow.now()
+        waits = []
         for offer in offers:
-            if blocking(self._status.blocks, offer) is not None:
+            if self._tried(offer):
                 continue
-            if await self._try_offer(offer):
-                return
-        raise JobFailed(self._spent_message(offers))
+            covering = [block for block in self._status.blocks if block.covers(offer)]
+            if covering and all(block.expires_at is not None for block in covering):
+                lapse = max(block.expires_at for block in covering if block.expires_at)
+                waits.append(max(1.0, math.ceil((lapse - now).total_seconds())))
+        return min(waits) if waits else None
 
     async def _plan(self) -> list[Offer]:
         self._capabilities, shared_blocks = await asyncio.gather(
@@ -225,7 +251,10 @@ class ProvisionJob:
             ),
             run_step("blocks", StoreActivities.active_blocks, start_to_close_timeout=SHORT_STEP),
         )
-        self._status.blocks += shared_blocks
+        own = [block for block in self._status.blocks if block.expires_at is None]
+        self._status.blocks = own + [
+            block for block in shared_blocks if not any(_same(block, o) for o in own)
+        ]
         allowed = self._spec.placement.providers
         providers = [p for p in sorted(self._capabilities) if allowed is None or p in allowed]
         request = self._spec.resource_request()
@@ -288,7 +317,13 @@ class ProvisionJob:
         metrics.failover(failure.kind, attempt.offer)
         action = policy.action_for(failure.kind)
         self._waiting(f"teardown of attempt #{attempt.number}")
-        await self._unwind(teardown=action.teardown)
+        teardown = action.teardown
+        if not teardown and workflow.patched("terminate-every-started-create"):
+            # `failure` is one node's (the first in node order); another node's create may
+            # have landed with its answer lost. Terminating observes by identity first, so a
+            # node where nothing landed costs one observe (chaos finding 2).
+            teardown = True
+        await self._unwind(teardown=teardown)
         for node in self._status.nodes:
             if node.attempt == attempt.number and node.status == "requested":
                 node.status = "not_created"  # teardown skipped: no create reported an id
@@ -396,6 +431,10 @@ class ProvisionJob:
             and not any(a.offer.id == offer.id for a in self._status.attempts)
         ]
         return f"every offer failed ({tried} tried):{self._attempt_lines()}{''.join(skipped)}"
+
+
+def _same(block: Block, other: Block) -> bool:
+    return block.scope is other.scope and block.key == other.key
 
 
 def _block_key(scope: BlockScope, offer: Offer) -> str:

@@ -117,7 +117,11 @@ class Reconcile:
         if candidate.observed:
             self._report.deleted += 1
         try:
-            await teardown.cleanup(node)
+            await teardown.cleanup(node)  # records its own failure (the orphan's attempts)
+        except StepFailure as failure:
+            self._failed(candidate, str(failure))
+            return
+        try:
             await run_step(
                 "resolve_orphan",
                 StoreActivities.resolve_orphan,

@@ -11,7 +11,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError
+from temporalio.exceptions import ActivityError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
     from activities.errors import StepFailure, unwrap
@@ -26,8 +26,11 @@ MIN_HEARTBEAT = 5.0
 STORE_STEPS = frozenset(
     {"reserve", "blocks", "record_cost", "record_block", "mark_vm", "mark_placed"}
 )
-# create heartbeats while the cloud call runs, so a dead worker is noticed in seconds.
-CREATE_HEARTBEAT = timedelta(seconds=10)
+# Cloud calls heartbeat while they run, so a dead worker is noticed in seconds instead of after
+# the 5-minute start-to-close (chaos finding 4: 300 s stalls per step a killed worker held).
+CALL_HEARTBEAT = timedelta(seconds=10)
+CREATE_HEARTBEAT = CALL_HEARTBEAT
+HEARTBEATING_CALLS = frozenset({"plan", "prepare", "create", "delete", "cleanup"})
 
 
 async def run_step(step: str, activity: Any, *args: Any, **options: Any) -> Any:
@@ -37,9 +40,17 @@ async def run_step(step: str, activity: Any, *args: Any, **options: Any) -> Any:
         policy.STORE_RETRY if step in STORE_STEPS else policy.FORWARD_RETRY,
     )
     options.setdefault("start_to_close_timeout", CLOUD_STEP)
+    if step in HEARTBEATING_CALLS:  # (a schedule's timeouts are not part of determinism)
+        options.setdefault("heartbeat_timeout", CALL_HEARTBEAT)
     try:
         return await workflow.execute_activity_method(activity, *args, **options)
     except ActivityError as error:
+        if isinstance(error.cause, CancelledError) and workflow.patched(
+            "cancelled-step-is-cancellation"
+        ):
+            # The step was cancelled because this workflow (or the provisioning timeout's task)
+            # was: that is a cancellation, never a failure to fail over from or to block.
+            raise asyncio.CancelledError() from None
         raise unwrap(step, error) from None
 
 

@@ -1,8 +1,8 @@
 """Teardown of one node: delete, confirm gone, then record it. Never marked done early.
 
 A node is `terminated` only after observe-by-identity shows nothing left; a teardown that gives
-up is recorded as a possible orphan in the database for the reconciler, and the node is
-`leaked` in the job status.
+up (terminate, or the cleanup of side resources) is recorded as a possible orphan in the
+database for the reconciler; a node whose terminate gave up is `leaked` in the job status.
 """
 
 from __future__ import annotations
@@ -30,15 +30,10 @@ async def terminate(node: NodeInstance, hints: Capabilities) -> None:
         await in_rounds(lambda: _delete_and_confirm(node, hints))
     except StepFailure as failure:
         node.status = "leaked"
-        await run_step(
-            "record_orphan",
-            StoreActivities.record_orphan,
-            OrphanInput(node=node, error=str(failure)),
-            start_to_close_timeout=SHORT_STEP,
-            retry_policy=policy.TEARDOWN_RETRY,
-        )
+        await _record_orphan(node, str(failure))
         raise
-    node.status = "terminated"
+    # Nothing ever found under the identity: the create made nothing (it failed before any id).
+    node.status = "terminated" if node.instance_ids else "not_created"
     await run_step(
         "mark_vm",
         StoreActivities.mark_vm,
@@ -69,12 +64,29 @@ async def _delete_and_confirm(node: NodeInstance, hints: Capabilities) -> None:
 
 
 async def cleanup(node: NodeInstance) -> None:
-    await in_rounds(
-        lambda: run_step(
-            "cleanup",
-            CloudActivities.cleanup,
-            VmInput(location=node.location, vm=node.vm),
-            retry_policy=policy.TEARDOWN_RETRY,
-            summary=f"cleanup {node.vm}",
+    """Remove the node's side resources (firewall, keys); a cleanup that gives up is recorded as
+    a possible orphan too, so the reconciler cleans up again (chaos finding 1)."""
+    try:
+        await in_rounds(
+            lambda: run_step(
+                "cleanup",
+                CloudActivities.cleanup,
+                VmInput(location=node.location, vm=node.vm),
+                retry_policy=policy.TEARDOWN_RETRY,
+                summary=f"cleanup {node.vm}",
+            )
         )
+    except StepFailure as failure:
+        if workflow.patched("record-failed-cleanup-as-orphan"):
+            await _record_orphan(node, f"cleanup: {failure}")
+        raise
+
+
+async def _record_orphan(node: NodeInstance, error: str) -> None:
+    await run_step(
+        "record_orphan",
+        StoreActivities.record_orphan,
+        OrphanInput(node=node, error=error),
+        start_to_close_timeout=SHORT_STEP,
+        retry_policy=policy.TEARDOWN_RETRY,
     )
