@@ -1,0 +1,144 @@
+"""RunPod's errors -> ErrorKind: one table of documented detail phrases, then one of statuses.
+
+REST v2 answers errors as RFC 9457 `application/problem+json`: `{title, status, detail,
+errors?[]}`. It has no machine-readable error codes: its createPod documentation says a 400
+covers both "the request breaks a rule" and "no capacity", told apart only by the human-readable
+`detail`. So the table is two-level, and nothing else in the adapter looks at a message:
+
+1. `CAPACITY_PHRASES`: the stockout texts RunPod is documented (and seen, runpodctl#189,
+   runpod-python#297, dstack#1740) to send when a create cannot be placed. Matched
+   case-insensitively as substrings of `detail`/`title`/`errors`, on create only.
+2. `STATUS_KINDS`: the HTTP status, per operation ("create", "read", "delete").
+
+| condition | create | read | delete |
+| --- | --- | --- | --- |
+| a capacity phrase (usually a 400) | Capacity | - | - |
+| 401, 403 | Credentials | Credentials | Credentials |
+| 402 insufficient balance | Quota, block scope `provider` | same | same |
+| 408, 429 (Retry-After honoured) | Transient | Transient | Transient |
+| 5xx | Failed (a pod may exist) | Transient | Transient |
+| 404 | InvalidRequest | Failed | success (gone; see cloud.py) |
+| 409 (pod belongs to a cluster) | InvalidRequest | Failed | Failed |
+| 400, 422, any other 4xx | InvalidRequest | Failed | Failed |
+| network error, timeout | Transient (the core observes and adopts) | Transient | Transient |
+| 2xx whose body cannot be read | Failed | Transient | - |
+
+403 on create: RunPod's createPod notes say it can also mean "no access to this pool"; a key
+without write scope answers the same way, so it stays Credentials (the job stops and says so).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from providers.errors import ErrorKind, ProviderError
+
+Operation = Literal["create", "read", "delete"]
+
+# Documented stockout texts (lower case). "...with the requested specifications. Please refresh
+# and try again." and "...with enough disk space." share the first phrase; dstack has seen
+# "...with the request specifications. Please try again later." as well.
+CAPACITY_PHRASES: tuple[str, ...] = (
+    "there are no longer any instances available",
+    "not enough free gpus on the host machine",
+)
+
+# status -> kind per operation; statuses not listed fall back to `_fallback`.
+STATUS_KINDS: dict[int, dict[Operation, ErrorKind]] = {
+    401: dict.fromkeys(("create", "read", "delete"), ErrorKind.CREDENTIALS),
+    403: dict.fromkeys(("create", "read", "delete"), ErrorKind.CREDENTIALS),
+    402: dict.fromkeys(("create", "read", "delete"), ErrorKind.QUOTA),
+    408: dict.fromkeys(("create", "read", "delete"), ErrorKind.TRANSIENT),
+    429: dict.fromkeys(("create", "read", "delete"), ErrorKind.TRANSIENT),
+}
+# A 402 means the account has no balance: no RunPod offer can succeed, other clouds still can.
+BLOCK_SCOPES: dict[int, str] = {402: "provider"}
+
+MAX_DETAIL_CHARS = 600
+MAX_LISTED_ERRORS = 5
+
+
+def _fallback(operation: Operation, status: int) -> ErrorKind:
+    if status >= 500:
+        return ErrorKind.FAILED if operation == "create" else ErrorKind.TRANSIENT
+    return ErrorKind.INVALID_REQUEST if operation == "create" else ErrorKind.FAILED
+
+
+def problem_text(body: bytes) -> str:
+    """The cloud's own words from an error body: `title: detail [errors]` of a problem+json
+    document, else the start of whatever text came back."""
+    try:
+        problem = json.loads(body)
+    except (ValueError, RecursionError):
+        problem = None
+    if isinstance(problem, dict):
+        parts = [str(problem[key]) for key in ("title", "detail") if problem.get(key)]
+        errors = problem.get("errors")
+        if isinstance(errors, list) and errors:
+            listed = "; ".join(str(item) for item in errors[:MAX_LISTED_ERRORS])
+            parts.append(f"[{listed}]")
+        if parts:
+            return _clip(": ".join(parts))
+    return _clip(body.decode("utf-8", errors="replace").strip() or "(empty body)")
+
+
+def classify(
+    operation: Operation,
+    status: int,
+    body: bytes,
+    what: str,
+    retry_after: float | None = None,
+) -> ProviderError:
+    """The ProviderError for a non-2xx answer to `what` (e.g. "POST /v2/pods")."""
+    text = problem_text(body)
+    message = f"RunPod {status} on {what}: {text}"
+    if operation == "create" and is_capacity(text):
+        return ProviderError(ErrorKind.CAPACITY, message)
+    kind = STATUS_KINDS.get(status, {}).get(operation) or _fallback(operation, status)
+    return ProviderError(
+        kind,
+        message,
+        retry_after=retry_after if kind is ErrorKind.TRANSIENT else None,
+        block_scope=BLOCK_SCOPES.get(status),
+    )
+
+
+def is_capacity(text: str) -> bool:
+    folded = " ".join(text.lower().split())
+    return any(phrase in folded for phrase in CAPACITY_PHRASES)
+
+
+def network_error(what: str, error: Exception) -> ProviderError:
+    """No answer at all (refused, reset, timed out): Transient on every operation. On create
+    the core then observes before trying again, so a request that landed is adopted."""
+    return ProviderError(ErrorKind.TRANSIENT, f"RunPod unreachable on {what}: {_describe(error)}")
+
+
+def unreadable(operation: Operation, what: str, reason: str) -> ProviderError:
+    """A 2xx whose body is not what the API documents. After create a pod may exist, so that
+    is Failed (the core tears down by name); a read is simply tried again."""
+    kind = ErrorKind.FAILED if operation == "create" else ErrorKind.TRANSIENT
+    return ProviderError(kind, f"RunPod answered {what} with an unreadable body: {_clip(reason)}")
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (RunPod sends integer seconds); None when absent or odd."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        return None
+    if not 0 <= seconds <= 3600:  # NaN and absurd waits fail this test
+        return None
+    return seconds
+
+
+def _describe(error: Exception) -> str:
+    text = str(error).strip()
+    return f"{type(error).__name__}: {_clip(text)}" if text else type(error).__name__
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 3] + "..."
