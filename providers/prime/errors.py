@@ -1,0 +1,203 @@
+"""Prime Intellect failures -> ErrorKind: one table, read top to bottom.
+
+What the API sends back (vendor OpenAPI `ErrorResponse`, and FastAPI's own shapes that the Prime
+CLI reads): `{"errors": [{"param", "details"}]}`, `{"detail": "<text>"}` or, for FastAPI's
+validation errors, `{"detail": [{"loc", "msg", "type"}]}`. Prime publishes no error codes, so its
+`detail` text is the code: `DETAIL_TABLE` maps known phrases (matched case-insensitively inside
+the detail) to a kind. Stockout texts are not documented by Prime ([U] in clouds.md): the
+Capacity phrases are common stockout wordings plus the upstream texts Prime may pass through
+(RunPod's "There are no longer any instances available with the requested specifications",
+runpod/runpodctl#189, and "not enough free GPUs on the host machine"), and an unknown text on
+create still fails over (Failed), never aborts.
+
+Order of decision (`classify_status`):
+1. 429 -> Transient, honouring Retry-After;
+2. 401 / 403 -> Credentials (key invalid, or missing the Instances/Availability permission);
+3. the first `DETAIL_TABLE` phrase found in the detail text;
+4. `STATUS_TABLE` (402 payment required -> Quota for the whole provider: the wallet is the
+   account's; 422 -> InvalidRequest);
+5. 5xx -> Failed on create (the pod may exist; the core tears down by name), else Transient;
+6. anything else -> Failed (resources may exist, so the core tears down and fails over).
+A network error or timeout is Transient everywhere: on create the core observes first and
+adopts a pod whose response was lost.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from providers.errors import ErrorKind, ProviderError
+
+MAX_DETAIL_CHARS = 500
+
+# A "gone" answer to a delete: the pod is already gone, which delete treats as success.
+GONE = "gone"
+
+# (phrase inside the lower-cased detail, kind or GONE, block scope override). First match wins,
+# so the more specific phrases come first.
+DETAIL_TABLE: tuple[tuple[str, ErrorKind | str, str | None], ...] = (
+    # already gone (delete / get of a pod that no longer exists)
+    ("pod not found", GONE, None),
+    ("already terminated", GONE, None),
+    ("already deleted", GONE, None),
+    # account limits: the wallet and the team's limits are account-wide
+    ("insufficient balance", ErrorKind.QUOTA, "provider"),
+    ("insufficient funds", ErrorKind.QUOTA, "provider"),
+    ("not enough balance", ErrorKind.QUOTA, "provider"),
+    ("payment required", ErrorKind.QUOTA, "provider"),
+    ("quota", ErrorKind.QUOTA, "provider"),
+    ("limit exceeded", ErrorKind.QUOTA, "provider"),
+    ("maximum number of pods", ErrorKind.QUOTA, "provider"),
+    # stockouts: this offer has no machine left right now
+    ("out of stock", ErrorKind.CAPACITY, None),
+    ("no capacity", ErrorKind.CAPACITY, None),
+    ("insufficient capacity", ErrorKind.CAPACITY, None),
+    ("not enough capacity", ErrorKind.CAPACITY, None),
+    ("no longer available", ErrorKind.CAPACITY, None),
+    ("no longer any instances available", ErrorKind.CAPACITY, None),
+    ("not enough free gpus", ErrorKind.CAPACITY, None),
+    ("no instances available", ErrorKind.CAPACITY, None),
+    ("no gpus available", ErrorKind.CAPACITY, None),
+    ("no available gpu", ErrorKind.CAPACITY, None),
+    ("not enough gpus", ErrorKind.CAPACITY, None),
+    ("sold out", ErrorKind.CAPACITY, None),
+    ("currently unavailable", ErrorKind.CAPACITY, None),
+    # this offer cannot take this pod, nothing was created
+    ("image not available", ErrorKind.UNAVAILABLE, None),
+    ("not supported by this provider", ErrorKind.UNAVAILABLE, None),
+    # authentication in words (some proxies answer 400 with these)
+    ("invalid api key", ErrorKind.CREDENTIALS, None),
+    ("api key unauthorized", ErrorKind.CREDENTIALS, None),
+    # our request is wrong: no offer can fix it
+    ("missing field", ErrorKind.INVALID_REQUEST, None),
+    ("validation error", ErrorKind.INVALID_REQUEST, None),
+)
+
+# HTTP status -> (kind or GONE, block scope), consulted when no phrase matched.
+STATUS_TABLE: dict[int, tuple[ErrorKind | str, str | None]] = {
+    402: (ErrorKind.QUOTA, "provider"),  # Prime CLI: "Payment required ... billing status"
+    404: (GONE, None),
+    410: (GONE, None),
+    422: (ErrorKind.INVALID_REQUEST, None),  # vendor document: "Invalid request data"
+}
+
+
+class PodGone(Exception):
+    """The pod a delete named does not exist any more: delete treats this as done."""
+
+
+def detail_text(body: Any) -> str:
+    """The cloud's own words from any of Prime's error shapes, or the raw text, shortened."""
+    if isinstance(body, Mapping):
+        detail = body.get("detail")
+        errors = body.get("errors")
+        if isinstance(detail, str):
+            return _short(detail)
+        if isinstance(detail, list):
+            return _short("; ".join(_validation_item(item) for item in detail))
+        if isinstance(errors, list):
+            return _short("; ".join(_error_item(item) for item in errors))
+        for key in ("message", "error"):
+            if isinstance(body.get(key), str):
+                return _short(body[key])
+    if isinstance(body, str):
+        return _short(body)
+    return _short(json.dumps(body, default=str)) if body is not None else ""
+
+
+def _validation_item(item: Any) -> str:
+    if isinstance(item, Mapping):
+        loc = item.get("loc")
+        where = ".".join(str(part) for part in loc) if isinstance(loc, list) else ""
+        return f"{where}: {item.get('msg', '')}".strip(": ")
+    return str(item)
+
+
+def _error_item(item: Any) -> str:
+    if isinstance(item, Mapping):
+        return f"{item.get('param', '')}: {item.get('details', '')}".strip(": ")
+    return str(item)
+
+
+def _short(text: str) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 3] + "..."
+
+
+def response_body(response: httpx.Response) -> Any:
+    """The response's JSON, or its text when it is not JSON."""
+    try:
+        return response.json()
+    except ValueError:
+        return response.text
+
+
+def retry_after_seconds(headers: Mapping[str, str], now: float | None = None) -> float | None:
+    """Retry-After as seconds (delta-seconds or an HTTP date), None when absent or unreadable."""
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return min(float(value), 3600.0)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if when is None or when.tzinfo is None:
+        return None
+    delta = when.timestamp() - (time.time() if now is None else now)
+    return min(max(delta, 0.0), 3600.0)
+
+
+def lookup(status: int, detail: str) -> tuple[ErrorKind | str, str | None] | None:
+    """The table's verdict for this status and detail, before the operation's defaults."""
+    if status == 429:
+        return ErrorKind.TRANSIENT, None
+    if status in (401, 403):
+        return ErrorKind.CREDENTIALS, None
+    lowered = detail.lower()
+    for phrase, kind, scope in DETAIL_TABLE:
+        if phrase in lowered:
+            return kind, scope
+    return STATUS_TABLE.get(status)
+
+
+def classify_status(operation: str, response: httpx.Response) -> ProviderError | PodGone:
+    """The ProviderError (or PodGone) for a non-2xx answer to `operation` ("create", ...)."""
+    detail = detail_text(response_body(response))
+    where = f"{response.request.method} {response.request.url.path}"
+    message = f"{where} -> HTTP {response.status_code}: {detail or '(no detail)'}"
+    verdict = lookup(response.status_code, detail)
+    if verdict is not None and verdict[0] == GONE:
+        if operation == "delete":
+            return PodGone(message)
+        verdict = None  # a "not found" anywhere else is not a success: fall through
+    if verdict is not None:
+        kind, scope = verdict
+        assert isinstance(kind, ErrorKind)
+        retry_after = retry_after_seconds(response.headers) if kind is ErrorKind.TRANSIENT else None
+        return ProviderError(kind, message, retry_after=retry_after, block_scope=scope)
+    if response.status_code >= 500:
+        kind = ErrorKind.FAILED if operation == "create" else ErrorKind.TRANSIENT
+        return ProviderError(kind, message)
+    return ProviderError(ErrorKind.FAILED, message)
+
+
+def classify_transport(operation: str, method: str, path: str, error: Exception) -> ProviderError:
+    """A request that got no HTTP answer (connect error, timeout, broken stream): Transient."""
+    reason = type(error).__name__
+    return ProviderError(ErrorKind.TRANSIENT, f"{method} {path} ({operation}): {reason}: {error}")
+
+
+def malformed(operation: str, what: str) -> ProviderError:
+    """A 2xx answer we cannot read. On create a pod may exist (Failed: the core tears down by
+    name); on reads it is a missed answer (Transient: the next poll tries again)."""
+    kind = ErrorKind.FAILED if operation == "create" else ErrorKind.TRANSIENT
+    return ProviderError(kind, f"{operation}: unreadable answer from Prime Intellect: {what}")
