@@ -1,28 +1,47 @@
 """The node agent: probe this machine's GPUs and register it with the control plane.
 
-    python -m gpuprov.agent probe                      print the capabilities JSON
-    python -m gpuprov.agent register --url URL         probe, then POST /v1/workers/register
+    python3 agent.py probe [--disk-path /data]          print the capabilities JSON
+    python3 agent.py register --url URL < token-file    probe, then POST /v1/workers/register
 
-The join token comes from $GPUPROV_JOIN_TOKEN, `--token-file FILE`, or stdin — never from the
-command line (`ps` shows every process's argv to every user) — and is never logged or printed.
+The join token is never on a command line (`ps` shows argv to every user; shells keep history):
+stdin (a pipe or file: its first line; a terminal: a prompt without echo), `--token-fd N`, or
+`--token-file FILE` (mode 0600: the bare token, or an env file whose GPUPROV_JOIN_TOKEN= is the
+token and GPUPROV_API_URL= stands in for --url; `--delete-token-file` removes it once read).
+$GPUPROV_JOIN_TOKEN still works, with a warning (`ps e` and /proc/PID/environ show it to the user
+and root); it is dropped from the environment at once, so no child inherits it. Never logged.
 
-This file must stay STANDARD LIBRARY ONLY and self-contained (Python 3.8+): bootstrap copies it
-alone onto a bare Ubuntu image and runs it with the system Python (`python3 agent.py register
-...`), where neither gpuprov nor pydantic nor httpx is installed; tests/gpuprov/test_agent.py
-enforces this. Its JSON has the shape of gpuprov.models.WorkerCapabilities: keep them in step.
+Probe -> gpuprov.models.WorkerCapabilities (keep them in step): gpus and driver_version from
+`nvidia-smi --query-gpu=name,memory.total,driver_version,uuid --format=csv,noheader,nounits`;
+cuda_version from `nvidia-smi --version` ("CUDA Version : 12.4"), else the banner ("CUDA Version:
+12.4", "CUDA UMD Version: 13.3" from driver 610); cpu_count os.cpu_count(); memory_gb MemTotal of
+/proc/meminfo; disk_gb shutil.disk_usage(--disk-path).total (GiB). gpu_runtime_ok is True only
+for the verdict `ok`; otherwise gpu_runtime_error says why, in nvidia-smi's or CUDA's own words:
+  ok                  GPUs listed, and cuInit(0) through libcuda.so.1 succeeds (in a child
+                      process; a libcuda that cannot be loaded skips that check)
+  no_gpu              nvidia-smi lists no GPU ("No devices were found", exit 6)
+  driver_mismatch     "Failed to initialize NVML: Driver/library version mismatch" (exit 18), or
+                      CUDA_ERROR_SYSTEM_DRIVER_MISMATCH
+  nvidia_smi_failed   anything else: driver not loaded (exit 9), no libnvidia-ml (exit 12), a GPU
+                      fallen off the bus, a hung driver (timeout), unparsable output
+  nvidia_smi_missing  no nvidia-smi on PATH
+  cuda_init_failed    nvidia-smi is fine but cuInit fails or hangs (802 "system not yet
+                      initialized": an NVSwitch box whose nvidia-fabricmanager is not running)
+Every nvidia-smi call and the CUDA check run under a timeout: a wedged driver hangs them.
 
-The GPU runtime check never hides a failure: a missing, failing, hanging or GPU-less nvidia-smi
-sets gpu_runtime_ok False with the reason (nvidia-smi's own words where it has any).
+STANDARD LIBRARY ONLY, one self-contained file, Python 3.8+: bootstrap copies it alone onto a bare
+Ubuntu image and runs it with the system python3. tests/gpuprov/test_agent.py enforces this.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import getpass
 import json
 import logging
 import os
 import re
+import select
 import shutil
 import signal
 import subprocess
@@ -30,14 +49,54 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 
-AGENT_VERSION = "0.1.0"
-TOKEN_ENV = "GPUPROV_JOIN_TOKEN"
-SMI_TIMEOUT = 10.0  # seconds per nvidia-smi call; a wedged driver can hang it indefinitely
+AGENT_VERSION = "0.2.0"
+TOKEN_ENV = "GPUPROV_JOIN_TOKEN"  # deprecated: visible to `ps e`
+URL_ENV = "GPUPROV_API_URL"  # read from an env-style --token-file only
+SMI_TIMEOUT = 10.0  # seconds per nvidia-smi call
+CUDA_TIMEOUT = 30.0  # cuInit initialises every GPU: seconds on a big box without persistence
+TOKEN_WAIT = 30.0  # seconds to wait for the token on stdin / --token-fd
 HTTP_TIMEOUT = 30.0
 MAX_PAUSE = 30.0
+LIBCUDA = "libcuda.so.1"
+DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
 GPU_QUERY = ("--query-gpu=name,memory.total,driver_version,uuid", "--format=csv,noheader,nounits")
-CUDA_VERSION = re.compile(r"CUDA Version\s*:\s*([0-9]+(?:\.[0-9]+)*)")
+MAX_GPUS = 64  # WorkerCapabilities.gpus
+MAX_TEXT = 256  # WorkerCapabilities' short text fields
+MAX_ERROR = 2000  # WorkerCapabilities.gpu_runtime_error
+
+OK, NO_GPU, DRIVER_MISMATCH = "ok", "no_gpu", "driver_mismatch"
+SMI_FAILED, SMI_MISSING, CUDA_FAILED = "nvidia_smi_failed", "nvidia_smi_missing", "cuda_init_failed"
+MISMATCH_TEXT = "Driver/library version mismatch"
+NO_DEVICES_TEXT = "No devices were found"
+SMI_NOT_FOUND_EXIT = 6  # nvidia-smi's documented return code: no GPU found
+CUDA_ERROR_SYSTEM_NOT_READY, CUDA_ERROR_SYSTEM_DRIVER_MISMATCH = 802, 803
+CUDA_HINTS = {
+    CUDA_ERROR_SYSTEM_NOT_READY: "on an NVSwitch system, is nvidia-fabricmanager running?",
+    CUDA_ERROR_SYSTEM_DRIVER_MISMATCH: "libcuda does not match the kernel driver: cuda-compat?",
+}
+CUDA_VERSION = re.compile(r"CUDA (?:UMD )?Version\s*:\s*([0-9]+(?:\.[0-9]+)*)")
+KERNEL_MODULE = re.compile(r"Kernel Module\s+([0-9][0-9.]*)")
+MEMORY_MIB = re.compile(r"([0-9]+)(?:\s*MiB)?")
+
+# Runs in a child interpreter (`python3 -I -S -c CUDA_CHECK <libcuda>`): a crash or a hang in the
+# driver costs the child, not the agent. Prints one JSON line; "loaded": false skips the check.
+CUDA_CHECK = r"""
+import ctypes, json, sys
+try:
+    cuda = ctypes.CDLL(sys.argv[1])
+except OSError as error:
+    print(json.dumps({"loaded": False, "error": str(error)}))
+    sys.exit()
+count, name, text = ctypes.c_int(0), ctypes.c_char_p(), ctypes.c_char_p()
+code = cuda.cuInit(0) or cuda.cuDeviceGetCount(ctypes.byref(count))
+if code:
+    cuda.cuGetErrorName(code, ctypes.byref(name))
+    cuda.cuGetErrorString(code, ctypes.byref(text))
+words = [(value or b"").decode("utf-8", "replace") for value in (name.value, text.value)]
+print(json.dumps({"loaded": True, "code": code, "devices": count.value, "words": words}))
+"""
 
 log = logging.getLogger("gpuprov.agent")
 
@@ -53,79 +112,213 @@ class AgentError(Exception):
 
 
 class _SmiFailed(Exception):
-    """nvidia-smi could not answer; the message is the reason reported as gpu_runtime_error."""
+    """nvidia-smi could not answer: the verdict, the message, and whatever it printed."""
+
+    def __init__(self, message: str, verdict: str = SMI_FAILED, output: str = "") -> None:
+        super().__init__(message)
+        self.verdict = verdict
+        self.output = output
 
 
-def _nvidia_smi(*args: str) -> str:
-    """nvidia-smi's stdout, or _SmiFailed with the reason."""
+class _TimedOut(Exception):
+    pass
+
+
+@dataclass
+class GpuRuntime:
+    """The GPU runtime verdict and what was read on the way."""
+
+    verdict: str
+    message: str | None = None
+    gpus: list = field(default_factory=list)  # GpuInfo-shaped dicts
+    cuda_version: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict == OK
+
+
+# ---------------------------------------------------------------- running nvidia-smi and CUDA
+
+
+def _run(argv: list, timeout: float, env: dict | None = None) -> tuple:
+    """(exit status, stdout, stderr) of argv, started without $GPUPROV_JOIN_TOKEN; _TimedOut after
+    `timeout` seconds, once its process group is killed (a process stuck in the driver can
+    outlive SIGKILL: it is not waited on)."""
+    env = {name: value for name, value in (env or os.environ).items() if name != TOKEN_ENV}
+    process = subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        errors="replace",
+        start_new_session=True,
+        env=env,
+    )
     try:
-        process = subprocess.Popen(
-            ["nvidia-smi", *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
-            start_new_session=True,  # its own process group, so a timeout kills all of it
-        )
-    except FileNotFoundError:
-        raise _SmiFailed("nvidia-smi not found") from None
-    except OSError as error:
-        raise _SmiFailed(f"nvidia-smi cannot run: {error.strerror}") from None
-    try:
-        stdout, stderr = process.communicate(timeout=SMI_TIMEOUT)
+        stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         with contextlib.suppress(OSError):
             os.killpg(process.pid, signal.SIGKILL)
-        # A process stuck in the driver (D state) outlives SIGKILL; do not wait on it forever.
         with contextlib.suppress(subprocess.TimeoutExpired):
             process.communicate(timeout=1)
-        raise _SmiFailed(f"nvidia-smi timed out after {SMI_TIMEOUT:g}s") from None
-    if process.returncode != 0:
-        # NVML errors ("Failed to initialize NVML: Driver/library version mismatch") go to
-        # stdout on most drivers; take stderr first in case a wrapper put them there.
-        lines = [line.strip() for line in (stderr + "\n" + stdout).splitlines() if line.strip()]
-        reason = lines[0][:500] if lines else "(no output)"
-        raise _SmiFailed(f"nvidia-smi exited {process.returncode}: {reason}")
+        raise _TimedOut from None
+    return process.returncode, stdout, stderr
+
+
+def _nvidia_smi(args: tuple, timeout: float) -> str:
+    """nvidia-smi's stdout, or _SmiFailed with the verdict and reason."""
+    try:
+        code, stdout, stderr = _run(["nvidia-smi", *args], timeout)
+    except FileNotFoundError:
+        raise _SmiFailed("nvidia-smi not found", SMI_MISSING) from None
+    except OSError as error:
+        raise _SmiFailed(f"nvidia-smi cannot run: {error.strerror}") from None
+    except _TimedOut:
+        raise _SmiFailed(f"nvidia-smi timed out after {timeout:g}s") from None
+    if code != 0:
+        verdict, message = classify_smi_failure(code, stderr + "\n" + stdout)
+        raise _SmiFailed(message, verdict, stdout)
     return stdout
+
+
+def classify_smi_failure(returncode: int, output: str) -> tuple:
+    """(verdict, message) for an nvidia-smi that exited non-zero. The message quotes what it
+    said (NVML errors go to stdout on most drivers), leaving out any GPU rows it printed."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    said = "; ".join(line for line in lines if _gpu_row(line) is None)[:500]
+    message = f"nvidia-smi exited {returncode}: {said or '(no output)'}"
+    if MISMATCH_TEXT.lower() in output.lower():
+        return DRIVER_MISMATCH, message
+    if returncode == SMI_NOT_FOUND_EXIT or NO_DEVICES_TEXT in output:
+        return NO_GPU, message
+    return SMI_FAILED, message
 
 
 def _field(raw: str) -> str | None:
     value = raw.strip()
-    return None if not value or value.startswith("[") else value  # [N/A], [Not Supported]
+    return None if not value or value.startswith("[") else value[:MAX_TEXT]  # [N/A]
 
 
-def parse_gpus(csv_text: str) -> list[dict]:
-    """Rows of `--query-gpu=name,memory.total,driver_version,uuid --format=csv,noheader,nounits`.
+def _gpu_row(line: str) -> dict | None:
+    """One `name, memory.total, driver_version, uuid` row, or None if the line is not one."""
+    fields = line.split(",")
+    if len(fields) != 4:
+        return None
+    name, memory, driver, uuid = (_field(value) for value in fields)
+    memory_mib = MEMORY_MIB.fullmatch(memory) if memory else None
+    if name is None or (memory is not None and memory_mib is None):
+        return None  # prose, not a row: a row's memory is MiB or [N/A]
+    return {
+        "name": name,
+        "memory_mb": int(memory_mib.group(1)) if memory_mib else None,
+        "driver_version": driver,
+        "uuid": uuid,
+    }
 
-    Raises _SmiFailed on a line that is not such a row: better no GPU than a wrong one.
-    """
+
+def parse_gpus(csv_text: str) -> list:
+    """The rows of GPU_QUERY's output. Raises _SmiFailed on a line that is not such a row:
+    better no GPU than a wrong one."""
     gpus = []
     for line in csv_text.splitlines():
         if not line.strip():
             continue
-        fields = line.split(",")
-        name = _field(fields[0]) if len(fields) == 4 else None
-        if name is None:
+        row = _gpu_row(line)
+        if row is None:
             raise _SmiFailed(f"unparsable nvidia-smi output: {line.strip()[:200]!r}")
-        memory = re.match(r"\s*(\d+)\s*(MiB)?\s*$", fields[1])  # MiB; "[N/A]" -> None
-        memory_mb = int(memory.group(1)) if memory else None
-        driver, uuid = _field(fields[2]), _field(fields[3])
-        gpus.append(
-            {"name": name[:256], "memory_mb": memory_mb, "driver_version": driver, "uuid": uuid}
-        )
+        gpus.append(row)
     return gpus
 
 
-def _cuda_version() -> str | None:
-    """From the `nvidia-smi` banner ("CUDA Version: 12.4"), else `nvidia-smi --version`
-    ("CUDA Version : 12.4", newer drivers). Informational: a miss is not a runtime failure."""
-    for args in ((), ("--version",)):
+def parse_cuda_version(text: str) -> str | None:
+    match = CUDA_VERSION.search(text)
+    return match.group(1) if match else None
+
+
+def _cuda_version(timeout: float) -> str | None:
+    """From `nvidia-smi --version` (drivers from 535 or so), else from the banner. Informational:
+    a miss is not a runtime failure."""
+    for args in (("--version",), ()):
         with contextlib.suppress(_SmiFailed):
-            match = CUDA_VERSION.search(_nvidia_smi(*args))
-            if match:
-                return match.group(1)
+            version = parse_cuda_version(_nvidia_smi(args, timeout))
+            if version:
+                return version
     return None
+
+
+def kernel_module_version(path: str | None = None) -> str | None:
+    """The loaded NVIDIA kernel module's version ("NVRM version: ... Kernel Module  550.54.15")."""
+    try:
+        with open(path or DRIVER_VERSION_FILE) as version_file:
+            match = KERNEL_MODULE.search(version_file.read(4096))
+    except (OSError, UnicodeDecodeError):
+        return None
+    return match.group(1) if match else None
+
+
+def _cuda_init(libcuda: str, timeout: float) -> tuple | None:
+    """None if CUDA initialises (or the check cannot run here); else (verdict, message)."""
+    env = dict(os.environ)
+    env.pop("CUDA_VISIBLE_DEVICES", None)  # the whole machine, whatever this shell was given
+    argv = [sys.executable or "python3", "-I", "-S", "-c", CUDA_CHECK, libcuda]
+    try:
+        code, stdout, stderr = _run(argv, timeout, env)
+    except _TimedOut:
+        return CUDA_FAILED, f"CUDA init (cuInit) timed out after {timeout:g}s"
+    except OSError as error:
+        log.warning("CUDA check skipped: cannot start %s: %s", argv[0], error.strerror)
+        return None
+    if code < 0:  # killed by a signal: a crash inside libcuda
+        return CUDA_FAILED, f"CUDA init (cuInit) crashed: signal {-code}"
+    try:
+        result = json.loads(stdout.strip().splitlines()[-1])
+        loaded, status, devices = result["loaded"], result.get("code"), result.get("devices")
+    except (ValueError, IndexError, KeyError, TypeError):
+        log.warning("CUDA check skipped: it failed (exit %s): %s", code, stderr.strip()[-300:])
+        return None
+    if not loaded:
+        log.warning("CUDA check skipped: cannot load %s: %s", libcuda, result.get("error"))
+        return None
+    if status == 0:
+        return None if devices else (CUDA_FAILED, "CUDA init: cuDeviceGetCount found no device")
+    described = ": ".join(str(part) for part in result.get("words") or () if part)
+    message = f"CUDA init (cuInit) failed with {status}" + (f" {described}" if described else "")
+    if status in CUDA_HINTS:
+        message += f" ({CUDA_HINTS[status]})"
+    mismatch = status == CUDA_ERROR_SYSTEM_DRIVER_MISMATCH
+    return (DRIVER_MISMATCH if mismatch else CUDA_FAILED), message
+
+
+# ---------------------------------------------------------------- the probe
+
+
+def check_gpu_runtime(smi_timeout: float | None = None, libcuda: str | None = None) -> GpuRuntime:
+    """List the GPUs with nvidia-smi, read the CUDA version, and initialise CUDA.
+
+    `libcuda`: the library cuInit is called through (default LIBCUDA; "" skips the CUDA check).
+    """
+    timeout = SMI_TIMEOUT if smi_timeout is None else smi_timeout
+    try:
+        output = _nvidia_smi(GPU_QUERY, timeout)
+        gpus = [] if NO_DEVICES_TEXT in output else parse_gpus(output)  # said with exit 0
+    except _SmiFailed as failed:
+        message, module = str(failed), kernel_module_version()
+        if failed.verdict == DRIVER_MISMATCH and module:
+            message += f"; kernel module {module}"
+        # A lost GPU still leaves the others' rows: report what could be read, as not OK.
+        readable = [row for row in map(_gpu_row, failed.output.splitlines()) if row]
+        return GpuRuntime(failed.verdict, message[:MAX_ERROR], readable[:MAX_GPUS])
+    if not gpus:
+        return GpuRuntime(NO_GPU, "no GPU visible")
+    gpus = gpus[:MAX_GPUS]
+    cuda_version = _cuda_version(timeout)
+    library = LIBCUDA if libcuda is None else libcuda
+    problem = _cuda_init(library, CUDA_TIMEOUT) if library else None
+    if problem is not None:
+        return GpuRuntime(problem[0], problem[1][:MAX_ERROR], gpus, cuda_version)
+    return GpuRuntime(OK, None, gpus, cuda_version)
 
 
 def _memory_gb() -> float | None:
@@ -136,38 +329,38 @@ def _memory_gb() -> float | None:
     return None
 
 
-def _disk_gb() -> float | None:
-    with contextlib.suppress(OSError):
-        return round(shutil.disk_usage("/").total / 1024**3, 1)
-    return None
+def _disk_gb(path: str) -> float | None:
+    try:
+        return round(shutil.disk_usage(path).total / 1024**3, 1)
+    except OSError as error:
+        log.warning("disk size unknown: %s: %s", path, error.strerror)
+        return None
 
 
-def probe() -> dict:
-    """This machine's capabilities, shaped like gpuprov.models.WorkerCapabilities."""
-    capabilities: dict = {
-        "gpus": [],
-        "driver_version": None,
-        "cuda_version": None,
+def capabilities_of(runtime: GpuRuntime, disk_path: str = "/") -> dict:
+    """The registration payload (WorkerCapabilities) for `runtime` and this machine."""
+    drivers = [gpu["driver_version"] for gpu in runtime.gpus if gpu["driver_version"]]
+    return {
+        "gpus": runtime.gpus,
+        "driver_version": drivers[0] if drivers else kernel_module_version(),
+        "cuda_version": runtime.cuda_version,
         "cpu_count": os.cpu_count(),
         "memory_gb": _memory_gb(),
-        "disk_gb": _disk_gb(),
-        "gpu_runtime_ok": False,
-        "gpu_runtime_error": None,
+        "disk_gb": _disk_gb(disk_path),
+        "gpu_runtime_ok": runtime.ok,
+        "gpu_runtime_error": runtime.message,
         "agent_version": AGENT_VERSION,
     }
-    try:
-        gpus = parse_gpus(_nvidia_smi(*GPU_QUERY))
-    except _SmiFailed as failed:
-        capabilities["gpu_runtime_error"] = str(failed)
-        return capabilities
-    if not gpus:
-        capabilities["gpu_runtime_error"] = "no GPU visible"
-        return capabilities
-    capabilities["gpus"] = gpus[:64]
-    capabilities["driver_version"] = gpus[0]["driver_version"]
-    capabilities["cuda_version"] = _cuda_version()
-    capabilities["gpu_runtime_ok"] = True
-    return capabilities
+
+
+def probe(
+    disk_path: str = "/", smi_timeout: float | None = None, libcuda: str | None = None
+) -> dict:
+    """This machine's capabilities, shaped like gpuprov.models.WorkerCapabilities."""
+    return capabilities_of(check_gpu_runtime(smi_timeout, libcuda), disk_path)
+
+
+# ---------------------------------------------------------------- registration
 
 
 def _server_message(body: bytes) -> str:
@@ -236,41 +429,165 @@ def register(
     raise AgentError(f"registration failed after {tries} attempts: {problem}", transient=True)
 
 
-def read_token(token_file: str | None = None) -> str:
-    """The join token from --token-file, else $GPUPROV_JOIN_TOKEN, else stdin (not a tty)."""
-    token = os.environ.get(TOKEN_ENV, "").strip()
-    if token_file:
+# ---------------------------------------------------------------- the join token
+
+
+@dataclass
+class JoinSecret:
+    """The token, and what an env-style token file says besides (API URL, VM name)."""
+
+    token: str
+    api_url: str | None = None
+    vm: str | None = None
+
+
+def _read_line(fd: int, what: str, timeout: float) -> str:
+    """The first line readable from `fd` (up to EOF), waiting at most `timeout` seconds."""
+    deadline, data = time.monotonic() + timeout, b""
+    try:
+        while b"\n" not in data and len(data) < 4096:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise AgentError(f"no join token on {what} within {timeout:g}s")
+            if select.select([fd], [], [], remaining)[0]:
+                chunk = os.read(fd, 4096)
+                if not chunk:
+                    break
+                data += chunk
+    except OSError as error:
+        raise AgentError(f"cannot read the join token from {what}: {error.strerror}") from None
+    return data.split(b"\n", 1)[0].decode("utf-8", "replace").strip()
+
+
+def _env_value(text: str, name: str) -> str | None:
+    """NAME=value from env-file text (`export ` and quotes allowed), else None."""
+    match = re.search(rf"^[ \t]*(?:export[ \t]+)?{name}[ \t]*=[ \t]*(.*?)[ \t]*$", text, re.M)
+    return match.group(1).strip("'\"") if match else None
+
+
+def _read_token_file(path: str, delete: bool) -> JoinSecret:
+    """A bare token (first line), or an env file holding GPUPROV_JOIN_TOKEN=."""
+    try:
+        mode = os.stat(path).st_mode & 0o777
+        with open(path, "rb") as handle:
+            text = handle.read(65536).decode("utf-8", "replace")
+    except OSError as error:
+        raise AgentError(f"cannot read token file {path}: {error.strerror}") from None
+    if mode & 0o077:
+        log.warning("token file %s is open to other users (mode %03o): chmod 600 it", path, mode)
+    if delete:
         try:
-            with open(token_file) as handle:
-                token = handle.read().strip()
+            os.unlink(path)
         except OSError as error:
-            raise AgentError(f"cannot read token file {token_file}: {error.strerror}") from None
-    elif not token and sys.stdin is not None and not sys.stdin.isatty():
-        token = sys.stdin.readline().strip()
-    if not token:
-        raise AgentError(f"no join token: set {TOKEN_ENV}, pass --token-file, or pipe it on stdin")
-    return token
+            log.warning("cannot delete token file %s: %s", path, error.strerror)
+    token = _env_value(text, TOKEN_ENV)
+    if token is not None:
+        return JoinSecret(token, _env_value(text, URL_ENV), _env_value(text, "GPUPROV_VM"))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return JoinSecret(lines[0] if lines else "")
 
 
-def main(argv: list[str] | None = None) -> int:
+def read_join_secret(
+    token_file: str | None = None,
+    token_fd: int | None = None,
+    delete_file: bool = False,
+    wait: float | None = None,
+) -> JoinSecret:
+    """The join token from --token-file, else --token-fd, else $GPUPROV_JOIN_TOKEN, else stdin.
+
+    $GPUPROV_JOIN_TOKEN is removed from this process's environment whichever source is used,
+    so no child (nvidia-smi, the CUDA check) inherits it.
+    """
+    from_env = os.environ.pop(TOKEN_ENV, "").strip()
+    wait = TOKEN_WAIT if wait is None else wait
+    if token_file:
+        secret = _read_token_file(token_file, delete_file)
+    elif token_fd is not None:
+        secret = JoinSecret(_read_line(token_fd, f"descriptor {token_fd}", wait))
+        with contextlib.suppress(OSError):
+            os.close(token_fd)
+    elif from_env:
+        log.warning(
+            "reading the join token from $%s: `ps e` and /proc/PID/environ show it to this "
+            "user and root; pipe it on stdin or use --token-file instead",
+            TOKEN_ENV,
+        )
+        secret = JoinSecret(from_env)
+    elif os.isatty(0):
+        secret = JoinSecret(getpass.getpass("join token: ").strip())
+    else:
+        secret = JoinSecret(_read_line(0, "stdin", wait))
+    if not secret.token:
+        raise AgentError("no join token: pipe it on stdin, or pass --token-file or --token-fd")
+    if not 16 <= len(secret.token) <= 256 or any(
+        character.isspace() or not character.isprintable() for character in secret.token
+    ):  # never quote it: it may be a wrong file's content, or the token itself
+        raise AgentError(
+            f"the join token read does not look like one ({len(secret.token)} characters; "
+            "expected one line of 16-256 printable characters)"
+        )
+    return secret
+
+
+def read_token(
+    token_file: str | None = None, token_fd: int | None = None, delete_file: bool = False
+) -> str:
+    """The join token alone (see read_join_secret)."""
+    return read_join_secret(token_file, token_fd, delete_file).token
+
+
+# ---------------------------------------------------------------- command line
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuprov-agent", description="gpuprov node agent")
     commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("probe", help="print this machine's capabilities as JSON")
-    reg = commands.add_parser("register", help=f"probe, then register (token: ${TOKEN_ENV})")
-    reg.add_argument("--url", required=True, help="control-plane API, e.g. http://10.0.0.1:8080")
-    reg.add_argument("--token-file", help=f"file holding the join token (else ${TOKEN_ENV}/stdin)")
-    reg.add_argument("--tries", type=int, default=10)
-    args = parser.parse_args(argv)
+    probe_command = commands.add_parser("probe", help="print this machine's capabilities as JSON")
+    reg = commands.add_parser(
+        "register",
+        help="probe, then register with the join token from stdin, --token-fd or --token-file",
+    )
+    for command in (probe_command, reg):
+        command.add_argument("--disk-path", default="/", help="filesystem reported as disk_gb")
+        command.add_argument("--smi-timeout", type=float, default=SMI_TIMEOUT, metavar="SECONDS")
+        command.add_argument(
+            "--libcuda", default=LIBCUDA, help="library for the CUDA init check; 'none' skips it"
+        )
+    reg.add_argument("--url", help=f"the API, e.g. http://10.0.0.1:8080 (or {URL_ENV}= in FILE)")
+    source = reg.add_mutually_exclusive_group()
+    source.add_argument("--token-file", help="file with the token, or an env file (mode 0600)")
+    source.add_argument("--token-fd", type=int, metavar="N", help="read the token from fd N")
+    source.add_argument("--token", help=argparse.SUPPRESS)  # refused: see main()
+    reg.add_argument("--delete-token-file", action="store_true", help="remove it once read")
+    reg.add_argument("--tries", type=int, default=10, help="attempts while the API is down")
+    return parser
+
+
+def main(argv: list | None = None) -> int:
+    args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="gpuprov-agent: %(message)s")
-    if args.command == "probe":
-        print(json.dumps(probe(), indent=2))
-        return 0
+    libcuda = "" if args.libcuda.lower() == "none" else args.libcuda
     try:
-        token = read_token(args.token_file)  # first: a missing token fails before the probe
-        capabilities = probe()
-        if not capabilities["gpu_runtime_ok"]:
-            log.warning("GPU runtime not OK: %s", capabilities["gpu_runtime_error"])
-        response = register(args.url, token, capabilities, tries=args.tries)
+        if args.command == "register":
+            if args.token is not None:  # already exposed in ps and shell history: do not use it
+                raise AgentError(
+                    "--token is not accepted: the command line is visible to every user in ps. "
+                    "Mint a new token and pipe it on stdin (or use --token-file)"
+                )
+            # First: a missing token fails before the probe, and the environment is scrubbed
+            # of $GPUPROV_JOIN_TOKEN before anything is started.
+            secret = read_join_secret(args.token_file, args.token_fd, args.delete_token_file)
+            url = args.url or secret.api_url
+            if not url:
+                raise AgentError(f"no API URL: pass --url (or {URL_ENV}= in the token file)")
+        runtime = check_gpu_runtime(args.smi_timeout, libcuda)
+        log.info("GPU runtime: %s: %s", runtime.verdict, runtime.message or "GPUs usable")
+        capabilities = capabilities_of(runtime, args.disk_path)
+        if args.command == "probe":
+            print(json.dumps(capabilities, indent=2))
+            return 0
+        identity = {"vm": secret.vm[:128]} if secret.vm else None  # logged by the API if wrong
+        response = register(url, secret.token, capabilities, identity, tries=args.tries)
     except AgentError as error:
         log.error("%s", error)
         return 1 if error.transient else 2

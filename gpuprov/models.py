@@ -180,7 +180,7 @@ class WorkerCapabilities(Model):
             vcpus=self.cpu_count,
             memory_gb=self.memory_gb,
             disk_gb=self.disk_gb,
-            gpu_runtime_ok=self.gpu_runtime_ok if self.gpus else None,
+            gpu_runtime_ok=self.gpu_runtime_ok if (self.gpus or self.gpu_runtime_error) else None,
             gpu_runtime_error=self.gpu_runtime_error,
         )
 
