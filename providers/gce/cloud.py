@@ -1,0 +1,354 @@
+"""Google Compute Engine (provider id `gce`): the provider contract over Compute Engine REST v1.
+
+Paths below are relative to `https://compute.googleapis.com/compute/v1/projects/<project>`.
+
+- plan: `GET aggregated/machineTypes?filter=...` and `GET aggregated/acceleratorTypes?filter=...`
+  (both paginated); prices from the Cloud Billing Catalog,
+  `GET cloudbilling.googleapis.com/v1/services/6F81-5844-456A/skus` (cached; see pricing.py).
+- prepare: `POST global/firewalls?requestId=` (tcp:22 to the VM's network tag);
+  409 `alreadyExists` = done.
+- create: `POST zones/<z>/instances?requestId=`, then `POST zones/<z>/operations/<op>/wait`
+  until DONE, at most `operation_timeout` s: stockouts and quota arrive through the operation.
+  `alreadyExists` = adopt the instance an earlier attempt made.
+- observe: `GET zones/<z>/instances?filter=labels.gpuprov_vm = "<vm>"` (paginated).
+- observe_region: `GET aggregated/instances?filter=labels.gpuprov_vm:*` (paginated), keeping
+  the region's zones.
+- delete: `DELETE zones/<z>/instances/<name>?requestId=` per id; 404 `notFound` = gone.
+- cleanup: `DELETE global/firewalls/gpuprov-<vm>-ssh?requestId=`; 404 = gone.
+- diagnose: observe, `GET zones/<z>/instances/<name>` (upcomingMaintenance) and
+  `GET zones/<z>/operations?filter=targetLink = "..."` (preempted, hostError, ...).
+
+Identity: instance name `gpuprov-<vm>`, label `gpuprov_vm=<vm>`, network tag `gpuprov-<vm>`, all
+fitted to GCE's rules (identity.py). Request ids are UUIDs derived from the VM, the zone and the
+action, so a retried create or delete repeats its id and Compute Engine does not act twice; an id
+whose operation failed with a retryable error is followed by the next id in its chain.
+Instance ids kept by gpuprov are `<zone>/<name>`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from providers.base import (
+    Capabilities,
+    CloudProvider,
+    Diagnosis,
+    InstanceSpec,
+    Location,
+    Observed,
+    Offer,
+    ResourceRequest,
+)
+from providers.errors import ErrorKind, ProviderError
+from providers.gce import diagnosis
+from providers.gce.auth import GoogleTokens, TokenProvider, load_credentials
+from providers.gce.client import GceClient
+from providers.gce.config import GceConfig, region_of
+from providers.gce.errors import GceApiError
+from providers.gce.identity import (
+    VM_LABEL_KEY,
+    firewall_name,
+    instance_id,
+    instance_name,
+    network_tag,
+    request_id,
+    split_instance_id,
+    vm_label_value,
+)
+from providers.gce.instance_body import instance_body
+from providers.gce.offers import PROVIDER_ID, accelerator_types, build_offers, machine_types
+from providers.gce.parse import (
+    Instance,
+    InstanceAggregatedList,
+    InstanceList,
+    Operation,
+    OperationList,
+    by_vm,
+    observed,
+    read,
+)
+from providers.gce.pricing import PriceBook
+
+CHAIN = 3  # request ids tried per call when earlier ones ended in a retryable failure
+EVENTS_LISTED = 50
+
+
+class GceCloud(CloudProvider):
+    name = PROVIDER_ID
+
+    def __init__(
+        self,
+        config: GceConfig,
+        *,
+        tokens: TokenProvider | None = None,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        """The registry passes only `config`: credentials come from `credentials_file` or ADC
+        (MissingCredentials when neither). Tests pass `tokens` (and `config.base_url`)."""
+        if tokens is None:
+            credentials, _ = load_credentials(config.credentials_file)
+            tokens = GoogleTokens(credentials, config.request_timeout)
+        self.config = config
+        self.client = GceClient(
+            config.project, tokens, config.base_url, config.request_timeout, http
+        )
+        self.prices = PriceBook(self.client, config.billing_base_url, config.price_cache_seconds)
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            node_agent=False,
+            boot_timeout=self.config.boot_timeout,
+            delete_timeout=self.config.delete_timeout,
+            poll_interval=self.config.poll_interval,
+        )
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+    def sweep_regions(self) -> list[str]:
+        return self.config.regions
+
+    # ------------------------------------------------------------------ primitives
+
+    async def plan(self, request: ResourceRequest) -> list[Offer]:
+        catalogue = self.config.machine_types
+        types = await machine_types(self.client, {e.machine_type for e in catalogue})
+        wanted = {e.accelerator_type for e in catalogue if e.accelerator_type}
+        wanted |= {a.guestAcceleratorType for m in types for a in m.accelerators}
+        accelerators = await accelerator_types(self.client, wanted)
+        components = [c for e in catalogue for c in [*e.price_skus, *e.spot_price_skus]]
+        await self.prices.refresh({sku for c in components for sku in c.skus})
+        return build_offers(self.config, types, accelerators, self.prices)
+
+    async def prepare(self, offer: Offer, spec: InstanceSpec) -> dict[str, Any]:
+        _zone_and_type(offer)
+        name, tag = firewall_name(spec.vm), network_tag(spec.vm)
+        body = {
+            "name": name,
+            "description": f"gpuprov: SSH to {spec.vm}",
+            "network": self.config.network,
+            "direction": "INGRESS",
+            "priority": 1000,
+            "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
+            "sourceRanges": self.config.ssh_source_ranges,
+            "targetTags": [tag],
+        }
+        action = f"create firewall {name}"
+        try:
+            operation = await self._mutate("POST", "global/firewalls", action, "global", name, body)
+        except GceApiError as error:
+            if not error.exists:
+                raise
+            return {"firewall": name, "network_tag": tag}
+        _raise_unless_ok(operation, action, tolerate_exists=True)
+        return {"firewall": name, "network_tag": tag}
+
+    async def create(self, offer: Offer, prepared: dict[str, Any], spec: InstanceSpec) -> list[str]:
+        zone, _ = _zone_and_type(offer)
+        name = instance_name(spec.vm)
+        created = [instance_id(zone, name)]
+        action = f"insert {name} in {zone}"
+        body = instance_body(self.config, offer, prepared, spec, name)
+        secret = spec.bootstrap.join_token if spec.bootstrap else None
+        try:
+            path = f"zones/{zone}/instances"
+            operation = await self._mutate("POST", path, action, zone, name, body)
+            operation = await self.client.wait_operation(
+                zone,
+                operation,
+                action,
+                self.config.operation_timeout,
+                self.config.operation_poll_interval,
+            )
+            _raise_unless_ok(operation, action, tolerate_exists=True)
+        except GceApiError as error:
+            if error.exists:  # an earlier attempt made it: adopt, never a second machine
+                return created
+            raise _redacted(error, secret) from None
+        except ProviderError as error:
+            raise _redacted(error, secret) from None
+        # DONE without error, or still running after operation_timeout: the core observes.
+        return created
+
+    async def observe(self, location: Location, vm: str) -> list[Observed]:
+        label = vm_label_value(vm)
+        query = f'labels.{VM_LABEL_KEY} = "{label}"'
+        if location.zone:
+            instances = await self._zone_instances(location.zone, query)
+        else:
+            instances = await self._region_instances(location.region, query)
+        mine = [i for i in instances if i.labels.get(VM_LABEL_KEY) == label]
+        return [self._observed(i) for i in mine]
+
+    async def observe_region(self, location: Location) -> dict[str, list[Observed]]:
+        instances = await self._region_instances(location.region, f"labels.{VM_LABEL_KEY}:*")
+        return by_vm(instances, self.config.ssh_user, self.config.external_ip)
+
+    async def delete(self, location: Location, vm: str, ids: list[str]) -> None:
+        own = instance_name(vm)
+        for value in ids:
+            parts = split_instance_id(value)
+            if parts is None or parts[1] != own:
+                continue  # not an id this adapter made for this VM: never delete it
+            zone, name = parts
+            action = f"delete {name} in {zone}"
+            try:
+                path = f"zones/{zone}/instances/{name}"
+                operation = await self._mutate("DELETE", path, action, zone, name, None)
+                _raise_unless_ok(operation, action, tolerate_gone=True)
+            except GceApiError as error:
+                if not error.gone:
+                    raise
+
+    async def cleanup(self, location: Location, vm: str) -> None:
+        name = firewall_name(vm)
+        action = f"delete firewall {name}"
+        try:
+            path = f"global/firewalls/{name}"
+            operation = await self._mutate("DELETE", path, action, "global", name, None)
+            _raise_unless_ok(operation, action, tolerate_gone=True)
+        except GceApiError as error:
+            if not error.gone:
+                raise
+
+    async def diagnose(
+        self, location: Location, vm: str, instance_id: str | None = None
+    ) -> Diagnosis:
+        base = await super().diagnose(location, vm, instance_id)
+        where = split_instance_id(base.instance.id) if base.instance else None
+        if where is None and location.zone:
+            where = (location.zone, instance_name(vm))
+        if where is None:
+            return base
+        zone, name = where
+        findings = list(base.findings)
+        instance = None
+        if base.instance is not None:
+            instance = await self._get_instance(zone, name)
+            if instance and instance.resourceStatus:
+                maintenance = instance.resourceStatus.upcomingMaintenance
+                if found := diagnosis.maintenance_finding(maintenance):
+                    findings.append(found)
+        link = instance.selfLink if instance and instance.selfLink else self._link(zone, name)
+        findings.extend(diagnosis.event_findings(await self._events(zone, link), instance))
+        return Diagnosis(instance=base.instance, findings=findings)
+
+    # ------------------------------------------------------------------ internals
+
+    async def _mutate(
+        self, method: str, path: str, action: str, zone: str, name: str, body: Any
+    ) -> Operation:
+        """One insert/delete with its derived request id. A DONE operation that failed with a
+        retryable error under that id (a replayed earlier failure) moves on to the next id."""
+        after: str | None = None
+        failure: ProviderError | None = None
+        for _ in range(CHAIN):
+            verb = "insert" if method == "POST" else "delete"
+            params = {"requestId": request_id(self.client.project, zone, name, verb, after)}
+            data = await self.client.call(
+                method, self.client.url(path), action, params=params, body=body, writes=True
+            )
+            operation = read(Operation, data, action)
+            failure = operation.failure(action)
+            if failure is None or failure.kind is not ErrorKind.TRANSIENT:
+                return operation
+            after = operation.name
+        assert failure is not None
+        raise failure
+
+    async def _zone_instances(self, zone: str, query: str) -> list[Instance]:
+        action = f"list instances in {zone}"
+        url = self.client.url(f"zones/{zone}/instances")
+        found: list[Instance] = []
+        async for page in self.client.pages(url, action, {"filter": query, "maxResults": 500}):
+            found.extend(read(InstanceList, page, action).items)
+        return found
+
+    async def _region_instances(self, region: str, query: str) -> list[Instance]:
+        action = f"list instances in {region}"
+        url = self.client.url("aggregated/instances")
+        params = {"filter": query, "maxResults": 500, "returnPartialSuccess": "true"}
+        found: list[Instance] = []
+        async for page in self.client.pages(url, action, params):
+            listing = read(InstanceAggregatedList, page, action)
+            # A partial answer that misses a zone of this region could make a live instance
+            # look gone (and a wait for gone end early): that is no answer at all.
+            if missing := [s for s in listing.unreachables if _region_of_scope(s) == region]:
+                raise ProviderError(
+                    ErrorKind.TRANSIENT, f"{action}: unreachable: {', '.join(missing[:5])}"
+                )
+            for scoped in listing.items.values():
+                found.extend(i for i in scoped.instances if region_of(i.zone) == region)
+        return found
+
+    async def _get_instance(self, zone: str, name: str) -> Instance | None:
+        action = f"get {name} in {zone}"
+        try:
+            data = await self.client.call(
+                "GET", self.client.url(f"zones/{zone}/instances/{name}"), action
+            )
+        except GceApiError as error:
+            if error.gone:
+                return None
+            raise
+        return read(Instance, data, action)
+
+    async def _events(self, zone: str, link: str) -> list[Operation]:
+        action = f"list operations in {zone}"
+        params = {
+            "filter": f'targetLink = "{link}"',
+            "orderBy": "creationTimestamp desc",
+            "maxResults": EVENTS_LISTED,
+        }
+        data = await self.client.call(
+            "GET", self.client.url(f"zones/{zone}/operations"), action, params=params
+        )
+        return list(read(OperationList, data, action).items)
+
+    def _link(self, zone: str, name: str) -> str:
+        """The selfLink Compute Engine gives an instance (its canonical URL)."""
+        return (
+            "https://www.googleapis.com/compute/v1/projects/"
+            f"{self.client.project}/zones/{zone}/instances/{name}"
+        )
+
+    def _observed(self, instance: Instance) -> Observed:
+        return observed(instance, self.config.ssh_user, self.config.external_ip)
+
+
+def _zone_and_type(offer: Offer) -> tuple[str, str]:
+    machine_type = offer.detail.get("machine_type")
+    if offer.provider != PROVIDER_ID or not offer.zone or not isinstance(machine_type, str):
+        raise ProviderError(ErrorKind.INVALID_REQUEST, f"{offer.id} is not a GCE offer")
+    return offer.zone, machine_type
+
+
+def _region_of_scope(scope: str) -> str | None:
+    """`zones/us-central1-a` -> `us-central1`; `regions/x` -> `x`; else None."""
+    kind, _, name = scope.rpartition("/")
+    if kind.endswith("zones"):
+        return region_of(name)
+    return name if kind.endswith("regions") else None
+
+
+def _raise_unless_ok(
+    operation: Operation, action: str, tolerate_exists: bool = False, tolerate_gone: bool = False
+) -> None:
+    error = operation.failure(action)
+    if error is None or (tolerate_exists and error.exists) or (tolerate_gone and error.gone):
+        return
+    raise error
+
+
+def _redacted(error: ProviderError, secret: str | None) -> ProviderError:
+    """The same error without the join token in its words (the cloud might echo metadata)."""
+    if not secret or secret not in error.message:
+        return error
+    return ProviderError(
+        error.kind,
+        error.message.replace(secret, "***"),
+        retry_after=error.retry_after,
+        block_scope=error.block_scope,
+    )

@@ -1,0 +1,472 @@
+"""Every HTTP primitive of the gce adapter over respx: request shapes, operation polling,
+error paths, pagination, idempotency (requestId), and what stays secret."""
+
+from __future__ import annotations
+
+import email
+import json
+from collections.abc import AsyncIterator
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+import respx
+
+from providers.base import InstanceSpec, InstanceStatus, Location, NodeBootstrap, Offer
+from providers.errors import ErrorKind, ProviderError
+from providers.gce.auth import StaticToken
+from providers.gce.cloud import GceCloud
+from providers.gce.identity import request_id
+from tests.providers.gce import bodies
+from tests.providers.gce.fake_gce import BASE_URL, FakeGce
+
+P = f"{BASE_URL}/projects/{bodies.PROJECT}"
+ZONE = bodies.ZONE
+VM = bodies.VM
+NAME = bodies.NAME
+INSERT = f"{P}/zones/{ZONE}/instances"
+WAIT = f"{P}/zones/{ZONE}/operations/{bodies.operation('x')['name']}/wait"
+HERE = Location(provider="gce", region="us-central1", zone=ZONE)
+REGION = Location(provider="gce", region="us-central1")
+TOKEN = "join-token-must-stay-secret"
+
+
+@pytest.fixture
+def api() -> respx.MockRouter:
+    return respx.MockRouter(assert_all_called=False)
+
+
+@pytest.fixture
+async def cloud(api: respx.MockRouter) -> AsyncIterator[GceCloud]:
+    config = FakeGce().config(project=bodies.PROJECT, operation_timeout=5)
+    transport = httpx.MockTransport(api.async_handler)
+    built = GceCloud(config, tokens=StaticToken("tkn"), http=httpx.AsyncClient(transport=transport))
+    yield built
+    await built.aclose()
+
+
+def offer(zone: str = ZONE, spot: bool = False, accelerator: str | None = None) -> Offer:
+    detail = {"machine_type": "a3-highgpu-8g", "spot": spot}
+    if accelerator:
+        detail |= {"machine_type": "n1-standard-8", "accelerator_type": accelerator}
+        detail["accelerator_count"] = 2
+    return Offer(
+        id=f"gce/{zone}/a3-highgpu-8g" + ("/spot" if spot else ""),
+        provider="gce",
+        region="us-central1",
+        zone=zone,
+        instance_type="a3-highgpu-8g",
+        spot=spot,
+        detail=detail,
+    )
+
+
+def spec(**extra) -> InstanceSpec:
+    return InstanceSpec(vm=VM, job="train", node_index=0, attempt=1, **extra)
+
+
+def query(request: httpx.Request) -> dict[str, str]:
+    return {k: v[0] for k, v in parse_qs(urlsplit(str(request.url)).query).items()}
+
+
+def sequence(*responses: httpx.Response):
+    """A side effect answering the given responses in order (the last one repeats)."""
+    left = list(responses)
+    return lambda request: left.pop(0) if len(left) > 1 else left[0]
+
+
+def ok(body: object) -> httpx.Response:
+    return httpx.Response(200, json=body)
+
+
+def err(status: int, body: object, **headers: str) -> httpx.Response:
+    return httpx.Response(status, json=body, headers=headers)
+
+
+# ---------------------------------------------------------------- create
+
+
+async def test_create_polls_the_operation_until_done_and_returns_zone_and_name(api, cloud):
+    insert = api.post(url__startswith=INSERT).mock(return_value=ok(bodies.operation("PENDING")))
+    wait = api.post(WAIT).mock(
+        side_effect=sequence(ok(bodies.operation("RUNNING")), ok(bodies.operation("DONE")))
+    )
+    ids = await cloud.create(offer(), {"network_tag": "gpuprov-tag"}, spec())
+    assert ids == [f"{ZONE}/{NAME}"]
+    assert wait.call_count == 2
+    request = insert.calls.last.request
+    assert request.headers["authorization"] == "Bearer tkn"
+    assert query(request)["requestId"] == request_id(bodies.PROJECT, ZONE, NAME, "insert")
+    body = json.loads(request.content)
+    assert body["name"] == NAME
+    assert body["machineType"] == f"zones/{ZONE}/machineTypes/a3-highgpu-8g"
+    assert body["labels"]["gpuprov_vm"] == VM
+    assert body["tags"] == {"items": ["gpuprov-tag"]}
+    assert body["scheduling"] == {"onHostMaintenance": "TERMINATE", "automaticRestart": True}
+    assert "guestAccelerators" not in body  # A3 brings its GPUs
+    assert body["disks"][0]["initializeParams"]["diskSizeGb"] == "200"
+    assert body["networkInterfaces"][0]["accessConfigs"][0]["type"] == "ONE_TO_ONE_NAT"
+
+
+async def test_stockout_in_the_done_operation_is_capacity(api, cloud):
+    api.post(url__startswith=INSERT).mock(return_value=ok(bodies.operation("PENDING")))
+    api.post(WAIT).mock(
+        side_effect=sequence(ok(bodies.operation("RUNNING")), ok(bodies.STOCKOUT_DETAILS_OPERATION))
+    )
+    with pytest.raises(ProviderError) as caught:
+        await cloud.create(offer(), {}, spec())
+    assert caught.value.kind is ErrorKind.CAPACITY
+    assert "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS" in caught.value.message
+
+
+async def test_gpus_all_regions_quota_blocks_the_provider(api, cloud):
+    api.post(url__startswith=INSERT).mock(return_value=ok(bodies.operation("PENDING")))
+    api.post(WAIT).mock(return_value=ok(bodies.GPUS_ALL_REGIONS_OPERATION))
+    with pytest.raises(ProviderError) as caught:
+        await cloud.create(offer(), {}, spec())
+    assert (caught.value.kind, caught.value.block_scope) == (ErrorKind.QUOTA, "provider")
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "kind"),
+    [
+        (403, bodies.QUOTA_403, ErrorKind.QUOTA),
+        (403, bodies.RATE_LIMITED, ErrorKind.TRANSIENT),
+        (403, bodies.FORBIDDEN, ErrorKind.CREDENTIALS),
+        (401, bodies.UNAUTHENTICATED, ErrorKind.CREDENTIALS),
+        (404, bodies.NOT_FOUND_MACHINE_TYPE, ErrorKind.INVALID_REQUEST),
+        (400, bodies.INVALID, ErrorKind.INVALID_REQUEST),
+        (503, bodies.BACKEND_ERROR, ErrorKind.TRANSIENT),
+    ],
+)
+async def test_insert_http_errors_are_classified(api, cloud, status, body, kind):
+    api.post(url__startswith=INSERT).mock(return_value=err(status, body))
+    with pytest.raises(ProviderError) as caught:
+        await cloud.create(offer(), {}, spec())
+    assert caught.value.kind is kind
+
+
+async def test_429_carries_retry_after(api, cloud):
+    api.post(url__startswith=INSERT).mock(
+        return_value=err(429, bodies.TOO_MANY, **{"Retry-After": "3"})
+    )
+    with pytest.raises(ProviderError) as caught:
+        await cloud.create(offer(), {}, spec())
+    assert (caught.value.kind, caught.value.retry_after) == (ErrorKind.TRANSIENT, 3.0)
+
+
+async def test_already_exists_adopts_the_instance_an_earlier_attempt_made(api, cloud):
+    api.post(url__startswith=INSERT).mock(return_value=err(409, bodies.ALREADY_EXISTS))
+    assert await cloud.create(offer(), {}, spec()) == [f"{ZONE}/{NAME}"]
+
+
+async def test_a_retried_create_repeats_its_request_id_and_makes_one_instance():
+    fake = FakeGce(zones=(ZONE,))
+    cloud = fake.cloud()
+    first = await cloud.create(offer(), {}, spec())
+    again = await cloud.create(offer(), {}, spec())  # e.g. the response was lost
+    assert first == again and len(fake.inserts) == 1
+    await cloud.aclose()
+
+
+async def test_a_replayed_transient_failure_moves_to_the_next_request_id(api, cloud):
+    """The first insert under id0 failed with a retryable error; a retry sending id0 again would
+    get that old failure back forever, so the adapter follows with the next id of the chain."""
+    seen: list[str] = []
+
+    def insert(request: httpx.Request) -> httpx.Response:
+        seen.append(query(request)["requestId"])
+        if len(seen) == 1:
+            return ok(bodies.RATE_OPERATION)  # replay: DONE with a retryable error
+        return ok(bodies.operation("PENDING", name="operation-2"))
+
+    api.post(url__startswith=INSERT).mock(side_effect=insert)
+    api.post(f"{P}/zones/{ZONE}/operations/operation-2/wait").mock(
+        return_value=ok(bodies.operation("DONE", name="operation-2"))
+    )
+    assert await cloud.create(offer(), {}, spec()) == [f"{ZONE}/{NAME}"]
+    name = bodies.RATE_OPERATION["name"]
+    assert seen == [
+        request_id(bodies.PROJECT, ZONE, NAME, "insert"),
+        request_id(bodies.PROJECT, ZONE, NAME, "insert", after=name),
+    ]
+
+
+async def test_an_operation_still_running_at_the_bound_is_left_to_observe(api, cloud):
+    cloud.config = cloud.config.model_copy(update={"operation_timeout": 0.05})
+    api.post(url__startswith=INSERT).mock(return_value=ok(bodies.operation("PENDING")))
+    api.post(WAIT).mock(return_value=ok(bodies.operation("RUNNING")))
+    assert await cloud.create(offer(), {}, spec()) == [f"{ZONE}/{NAME}"]
+
+
+async def test_a_failed_wait_call_is_asked_again(api, cloud):
+    api.post(url__startswith=INSERT).mock(return_value=ok(bodies.operation("PENDING")))
+    wait = api.post(WAIT).mock(
+        side_effect=sequence(err(503, bodies.BACKEND_ERROR), ok(bodies.STOCKOUT_OPERATION))
+    )
+    with pytest.raises(ProviderError) as caught:
+        await cloud.create(offer(), {}, spec())
+    assert caught.value.kind is ErrorKind.CAPACITY and wait.call_count == 2
+
+
+async def test_network_failure_on_insert_is_transient(api, cloud):
+    api.post(url__startswith=INSERT).mock(side_effect=httpx.ConnectError("reset"))
+    with pytest.raises(ProviderError) as caught:
+        await cloud.create(offer(), {}, spec())
+    assert caught.value.kind is ErrorKind.TRANSIENT
+
+
+async def test_create_delivers_keys_user_data_and_bootstrap_but_never_echoes_the_token(api, cloud):
+    message = f"Invalid value for field 'resource.metadata': {TOKEN}"
+    insert = api.post(url__startswith=INSERT).mock(
+        return_value=err(400, bodies.http_error(400, "invalid", message))
+    )
+    boot = NodeBootstrap(api_url="https://gpuprov.example", join_token=TOKEN)
+    node = spec(ssh_public_key="ssh-ed25519 AAAAC3 me", user_data="#cloud-config\n", bootstrap=boot)
+    with pytest.raises(ProviderError) as caught:
+        await cloud.create(offer(), {}, node)
+    assert TOKEN not in str(caught.value) and "***" in caught.value.message
+    items = {
+        i["key"]: i["value"]
+        for i in json.loads(insert.calls.last.request.content)["metadata"]["items"]
+    }
+    assert items["ssh-keys"] == "gpuprov:ssh-ed25519 AAAAC3 me"
+    assert items["gpuprov-vm"] == VM
+    document = items["user-data"]  # MIME multi-part: the bootstrap's cloud-config, then the spec's
+    parts = [p for p in email.message_from_string(document).walk() if not p.is_multipart()]
+    texts = [p.get_payload(decode=True).decode() for p in parts]
+    assert [p.get_content_subtype() for p in parts] == ["cloud-config", "cloud-config"]
+    assert TOKEN in texts[0] and "/etc/gpuprov/join.env" in texts[0]
+    assert texts[1] == "#cloud-config\n"
+    assert set(items) == {"gpuprov-vm", "ssh-keys", "user-data"}  # the token in one place only
+
+
+async def test_spot_and_n1_bodies(api, cloud):
+    insert = api.post(url__startswith=INSERT).mock(return_value=ok(bodies.operation("DONE")))
+    await cloud.create(offer(spot=True, accelerator="nvidia-tesla-t4"), {}, spec())
+    body = json.loads(insert.calls.last.request.content)
+    assert body["scheduling"]["provisioningModel"] == "SPOT"
+    assert body["scheduling"]["instanceTerminationAction"] == "DELETE"
+    assert body["guestAccelerators"] == [
+        {"acceleratorType": f"zones/{ZONE}/acceleratorTypes/nvidia-tesla-t4", "acceleratorCount": 2}
+    ]
+
+
+async def test_an_offer_from_elsewhere_is_an_invalid_request(cloud):
+    foreign = offer().model_copy(update={"provider": "aws"})
+    with pytest.raises(ProviderError) as caught:
+        await cloud.create(foreign, {}, spec())
+    assert caught.value.kind is ErrorKind.INVALID_REQUEST
+
+
+# ---------------------------------------------------------------- observe
+
+
+async def test_observe_lists_the_zone_by_label_across_pages(api, cloud):
+    pages = {
+        None: {"items": [bodies.instance("STAGING")], "nextPageToken": "p2"},
+        "p2": {"items": [bodies.instance(name="gpuprov-other", labels={"gpuprov_vm": "other"})]},
+    }
+    listing = api.get(url__startswith=f"{P}/zones/{ZONE}/instances").mock(
+        side_effect=lambda request: ok(pages[query(request).get("pageToken")])
+    )
+    found = await cloud.observe(HERE, VM)
+    assert [(o.id, o.status) for o in found] == [(f"{ZONE}/{NAME}", InstanceStatus.PENDING)]
+    assert listing.call_count == 2
+    assert query(listing.calls[0].request)["filter"] == f'labels.gpuprov_vm = "{VM}"'
+
+
+async def test_observe_without_a_zone_uses_the_aggregated_list_of_the_region(api, cloud):
+    items = {
+        f"zones/{ZONE}": {"instances": [bodies.instance()]},
+        "zones/europe-west4-a": {
+            "instances": [bodies.instance(zone=f"{bodies.LINK}/zones/europe-west4-a")]
+        },
+        "zones/us-east4-c": {"warning": {"code": "NO_RESULTS_ON_PAGE", "message": "none"}},
+    }
+    api.get(url__startswith=f"{P}/aggregated/instances").mock(return_value=ok({"items": items}))
+    found = await cloud.observe(REGION, VM)
+    assert [o.id for o in found] == [f"{ZONE}/{NAME}"]
+
+
+async def test_observe_region_groups_every_gpuprov_instance_by_vm_across_pages(api, cloud):
+    other = bodies.instance(name="gpuprov-b", labels={"gpuprov_vm": "b"}, metadata=None)
+    pages = {
+        None: {
+            "items": {f"zones/{ZONE}": {"instances": [bodies.instance()]}},
+            "nextPageToken": "t",
+        },
+        "t": {"items": {"zones/us-central1-b": {"instances": [other]}}},
+    }
+    listing = api.get(url__startswith=f"{P}/aggregated/instances").mock(
+        side_effect=lambda request: ok(pages[query(request).get("pageToken")])
+    )
+    found = await cloud.observe_region(REGION)
+    assert sorted(found) == ["b", VM]
+    assert query(listing.calls[0].request)["filter"] == "labels.gpuprov_vm:*"
+    assert listing.call_count == 2
+
+
+async def test_a_partial_listing_missing_a_zone_of_the_region_is_no_answer(api, cloud):
+    """returnPartialSuccess may leave a zone out; an instance there must not look gone."""
+    body = {"items": {}, "unreachables": ["zones/us-central1-f"]}
+    api.get(url__startswith=f"{P}/aggregated/instances").mock(return_value=ok(body))
+    with pytest.raises(ProviderError) as caught:
+        await cloud.observe_region(REGION)
+    assert caught.value.kind is ErrorKind.TRANSIENT and "us-central1-f" in caught.value.message
+    elsewhere = {"items": {}, "unreachables": ["zones/asia-east1-a"]}
+    api.get(url__startswith=f"{P}/aggregated/instances").mock(return_value=ok(elsewhere))
+    assert await cloud.observe_region(REGION) == {}
+
+
+async def test_observe_read_errors_are_classified(api, cloud):
+    api.get(url__startswith=f"{P}/zones/{ZONE}/instances").mock(
+        return_value=err(403, bodies.FORBIDDEN)
+    )
+    with pytest.raises(ProviderError) as caught:
+        await cloud.observe(HERE, VM)
+    assert caught.value.kind is ErrorKind.CREDENTIALS
+
+
+# ---------------------------------------------------------------- delete, prepare, cleanup
+
+
+async def test_delete_sends_a_request_id_and_gone_is_success(api, cloud):
+    route = api.delete(url__startswith=f"{INSERT}/{NAME}").mock(
+        side_effect=sequence(ok(bodies.operation("PENDING")), err(404, bodies.NOT_FOUND_INSTANCE))
+    )
+    await cloud.delete(HERE, VM, [f"{ZONE}/{NAME}"])
+    await cloud.delete(HERE, VM, [f"{ZONE}/{NAME}"])
+    assert route.call_count == 2
+    assert query(route.calls[0].request)["requestId"] == request_id(
+        bodies.PROJECT, ZONE, NAME, "delete"
+    )
+
+
+async def test_delete_never_touches_ids_that_are_not_this_vms(api, cloud):
+    route = api.delete(url__startswith=INSERT).mock(return_value=ok(bodies.operation("PENDING")))
+    await cloud.delete(HERE, VM, ["i-123", f"{ZONE}/users-own-vm", "nonsense/../x"])
+    assert route.call_count == 0
+
+
+async def test_delete_errors_other_than_gone_are_raised(api, cloud):
+    api.delete(url__startswith=f"{INSERT}/{NAME}").mock(return_value=err(403, bodies.RATE_LIMITED))
+    with pytest.raises(ProviderError) as caught:
+        await cloud.delete(HERE, VM, [f"{ZONE}/{NAME}"])
+    assert caught.value.kind is ErrorKind.TRANSIENT
+
+
+async def test_prepare_makes_a_firewall_rule_for_the_network_tag_and_409_is_done(api, cloud):
+    route = api.post(url__startswith=f"{P}/global/firewalls").mock(
+        side_effect=sequence(ok(bodies.operation("DONE")), err(409, bodies.ALREADY_EXISTS))
+    )
+    first = await cloud.prepare(offer(), spec())
+    second = await cloud.prepare(offer(), spec())
+    assert first == second == {"firewall": f"{NAME}-ssh", "network_tag": NAME}
+    body = json.loads(route.calls[0].request.content)
+    assert body["targetTags"] == [NAME] and body["sourceRanges"] == ["0.0.0.0/0"]
+    assert body["allowed"] == [{"IPProtocol": "tcp", "ports": ["22"]}]
+    assert body["direction"] == "INGRESS" and body["network"] == "global/networks/default"
+    assert "requestId" in query(route.calls[0].request)
+
+
+async def test_prepare_errors_are_classified(api, cloud):
+    api.post(url__startswith=f"{P}/global/firewalls").mock(return_value=err(403, bodies.QUOTA_403))
+    with pytest.raises(ProviderError) as caught:
+        await cloud.prepare(offer(), spec())
+    assert caught.value.kind is ErrorKind.QUOTA
+
+
+async def test_cleanup_deletes_only_this_vms_rule_and_gone_is_success(api, cloud):
+    route = api.delete(f"{P}/global/firewalls/{NAME}-ssh").mock(
+        side_effect=sequence(ok(bodies.operation("PENDING")), err(404, bodies.NOT_FOUND_INSTANCE))
+    )
+    await cloud.cleanup(HERE, VM)
+    await cloud.cleanup(HERE, VM)
+    assert route.call_count == 2
+
+
+# ---------------------------------------------------------------- diagnose
+
+
+async def test_diagnose_reports_upcoming_maintenance_and_preemption_events(api, cloud):
+    maintenance = {
+        "upcomingMaintenance": {
+            "type": "SCHEDULED",
+            "maintenanceStatus": "PENDING",
+            "windowStartTime": "2026-08-21T02:00:00Z",
+            "canReschedule": True,
+        }
+    }
+    api.get(url__startswith=f"{P}/zones/{ZONE}/instances?").mock(
+        return_value=ok({"items": [bodies.instance()]})
+    )
+    api.get(f"{INSERT}/{NAME}").mock(return_value=ok(bodies.instance(resourceStatus=maintenance)))
+    link = bodies.instance()["selfLink"]
+    events = [
+        bodies.operation(
+            "DONE",
+            name="systemevent-1",
+            operationType="compute.instances.preempted",
+            insertTime="2026-08-20T11:00:00.000-07:00",
+        ),
+        bodies.operation(
+            "DONE",
+            name="systemevent-2",
+            operationType="compute.instances.hostError",
+            insertTime="2026-08-20T12:00:00.000-07:00",
+        ),
+        bodies.operation("DONE", name="op-3", operationType="insert"),
+    ]
+    ops = api.get(url__startswith=f"{P}/zones/{ZONE}/operations").mock(
+        return_value=ok({"items": events})
+    )
+    diagnosis = await cloud.diagnose(HERE, VM)
+    codes = [f.code for f in diagnosis.findings]
+    assert codes == ["maintenance_scheduled", "host_error", "preempted"]
+    assert diagnosis.verdict.value == "unhealthy"
+    assert query(ops.calls.last.request)["filter"] == f'targetLink = "{link}"'
+
+
+async def test_diagnose_explains_a_vanished_spot_vm(api, cloud):
+    api.get(url__startswith=f"{P}/zones/{ZONE}/instances?").mock(return_value=ok({}))
+    preempted = bodies.operation(
+        "DONE", name="systemevent-1", operationType="compute.instances.preempted"
+    )
+    api.get(url__startswith=f"{P}/zones/{ZONE}/operations").mock(
+        return_value=ok({"items": [preempted]})
+    )
+    diagnosis = await cloud.diagnose(HERE, VM)
+    assert diagnosis.instance is None and [f.code for f in diagnosis.findings] == ["preempted"]
+
+
+# ---------------------------------------------------------------- plumbing
+
+
+def test_capabilities_and_sweep_regions_come_from_config(cloud):
+    hints = cloud.capabilities()
+    assert (hints.boot_timeout, hints.delete_timeout, hints.poll_interval) == (10, 10, 0.05)
+    assert hints.node_agent is False
+    assert cloud.sweep_regions() == ["us-central1", "europe-west4"]
+
+
+async def test_a_token_that_cannot_be_refreshed_is_a_credentials_error(api):
+    from google.auth import exceptions
+
+    class Expired:
+        async def token(self) -> str:
+            raise exceptions.RefreshError("invalid_grant: account deleted")
+
+        async def aclose(self) -> None:
+            return None
+
+    config = FakeGce().config()
+    cloud = GceCloud(
+        config,
+        tokens=Expired(),
+        http=httpx.AsyncClient(transport=httpx.MockTransport(api.async_handler)),
+    )
+    with pytest.raises(ProviderError) as caught:
+        await cloud.observe(HERE, VM)
+    assert caught.value.kind is ErrorKind.CREDENTIALS
+    await cloud.aclose()

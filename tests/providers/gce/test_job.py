@@ -1,0 +1,55 @@
+"""A whole ProvisionJob on the real Temporal dev server against the gce adapter over respx: the
+cheapest zone stocks out through the insert operation, the job fails over to the next zone,
+reaches ready, is released, and the instance and its firewall rule are deleted."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gpuprov.models import AttemptOutcome, BlockScope, JobState
+from providers.errors import ErrorKind
+from providers.gce.identity import firewall_name, instance_name
+from tests.helpers import job, ready_then_release
+from tests.providers.gce.fake_gce import FakeGce, gce_worker
+
+FIRST = "gce/us-central1-a/a3-highgpu-8g"  # 8 x 1.00 USD, tried first (ties break on id)
+SECOND = "gce/us-central1-b/a3-highgpu-8g"
+
+
+async def test_stockout_in_one_zone_fails_over_to_the_next_and_everything_is_deleted(
+    client, task_queue, job_name
+):
+    fake = FakeGce(stockout_zones={"us-central1-a"})
+    async with gce_worker(client, task_queue, {"gce": fake.cloud()}) as gpuprov:
+        handle = await gpuprov.submit(job(job_name))
+        at_ready, final = await ready_then_release(handle)
+
+    assert at_ready.state is JobState.READY, at_ready.error
+    first, second = at_ready.attempts
+    assert (first.offer.id, first.kind, first.step) == (FIRST, ErrorKind.CAPACITY, "create")
+    assert "ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS" in (first.message or "")
+    assert second.offer.id == SECOND and second.outcome is AttemptOutcome.SUCCEEDED
+    node = next(n for n in at_ready.nodes if n.attempt == 2)
+    assert node.instance_ids == [f"us-central1-b/{instance_name(node.vm)}"]
+    assert node.ssh is not None and node.ssh.host == "34.118.0.10"
+    assert at_ready.hourly_cost is not None and at_ready.hourly_cost.amount == 8.0
+
+    assert final.state is JobState.COMPLETED
+    assert fake.inserts == [("us-central1-b", instance_name(node.vm))]  # one machine, no dupes
+    assert fake.live_instances() == []
+    assert fake.firewalls == {}, "firewall rules left behind"
+    first_vm = next(n.vm for n in at_ready.nodes if n.attempt == 1)
+    assert firewall_name(first_vm) not in fake.firewalls
+
+
+async def test_gpus_all_regions_quota_blocks_every_gce_offer_at_once(client, task_queue, job_name):
+    fake = FakeGce(exceeded_quota="GPUS_ALL_REGIONS")
+    async with gce_worker(client, task_queue, {"gce": fake.cloud()}) as gpuprov:
+        handle = await gpuprov.submit(job(job_name))
+        final = await asyncio.wait_for(handle.result(), 60)
+
+    assert final.state is JobState.FAILED
+    assert [(a.offer.id, a.kind) for a in final.attempts] == [(FIRST, ErrorKind.QUOTA)]
+    assert any(b.scope is BlockScope.PROVIDER and b.key == "gce" for b in final.blocks)
+    assert "GPUS_ALL_REGIONS" in (final.error or "")
+    assert fake.live_instances() == [] and fake.firewalls == {}
