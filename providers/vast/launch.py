@@ -1,0 +1,231 @@
+"""Building Vast.ai request bodies: the offer search and the create call.
+
+Field names and limits are from Vast's OpenAPI files (search_offers.yaml, create_instance.yaml):
+`order` must hold exactly two `[field, direction]` pairs; `type` is `ondemand` (the docs'
+example says `on-demand`, the schema's enum wins); `onstart` and `args` together are at most
+4,096 characters; each `env` entry is at most 256.
+
+How a machine gets what the core hands over, since Vast runs Docker containers, not VMs with
+cloud-init:
+- `spec.ssh_public_key`: appended to /root/.ssh/authorized_keys by the `onstart` script.
+- `spec.user_data`: a shell script (a `#cloud-config` document cannot run here), written to
+  /root/gpuprov-user-data by the `onstart` script (base64, so no quoting can break it) and
+  started in the background with its output in /var/log/gpuprov-user-data.log.
+- `spec.bootstrap`: the environment variables GPUPROV_API_URL and GPUPROV_JOIN_TOKEN (the node
+  agent reads the latter); never in `onstart`, never logged.
+"""
+
+from __future__ import annotations
+
+import base64
+import shlex
+from collections.abc import Collection
+from typing import Any
+
+from providers.base import InstanceSpec, NodeBootstrap, Offer, ResourceRequest
+from providers.errors import ErrorKind, ProviderError
+from providers.vast.config import VastConfig, normalise_gpu
+from providers.vast.parse import number
+
+MAX_ONSTART_CHARS = 4096
+MAX_ENV_VALUE_CHARS = 256
+MAX_LABEL_CHARS = 256
+MAX_ASKS_PER_OFFER = 16  # nodes one offer can place on distinct listings
+USER_DATA_PATH = "/root/gpuprov-user-data"
+USER_DATA_LOG = "/var/log/gpuprov-user-data.log"
+
+
+def runtype(config: VastConfig) -> str:
+    return "ssh_direct" if config.ssh == "direct" else "ssh_proxy"
+
+
+def disk_gb(config: VastConfig, request: ResourceRequest) -> float:
+    """The disk create will ask for: the section's size, or more if the job needs more."""
+    return max(config.disk_gb, request.min_disk_gb or 0.0)
+
+
+def search_regions(config: VastConfig, request: ResourceRequest) -> list[str] | None:
+    """Country codes to search in; None = anywhere; [] = nowhere this job may go."""
+    allowed = [r.upper() for r in config.regions] if config.regions is not None else None
+    if request.regions is None:
+        return allowed
+    asked = [r.upper() for r in request.regions if len(r) == 2 and r.isalpha()]
+    return [r for r in asked if allowed is None or r in allowed]
+
+
+def gpu_names(config: VastConfig, asked: str) -> list[str]:
+    """Vast's exact names for an asked GPU model: the table's, plus the name as asked."""
+    names = list(config.gpu_name_table().get(normalise_gpu(asked), []))
+    for candidate in (asked.strip().replace("_", " "), asked.strip().replace("_", " ").upper()):
+        if candidate and candidate not in names:
+            names.append(candidate)
+    return names
+
+
+def search_body(
+    config: VastConfig, request: ResourceRequest, regions: list[str] | None
+) -> dict[str, Any]:
+    """POST /api/v0/bundles/: rentable on-demand listings that fit one node, cheapest first."""
+    disk = disk_gb(config, request)
+    body: dict[str, Any] = {
+        "rentable": {"eq": True},
+        "rented": {"eq": False},
+        "type": "ondemand",
+        "order": [["dph_total", "asc"], ["id", "asc"]],
+        "limit": config.search_limit,
+        # dph_total then includes storage for the disk create will ask for.
+        "allocated_storage": disk,
+        "disk_space": {"gte": disk},
+    }
+    if config.verified_only:
+        body["verified"] = {"eq": True}
+    if config.datacenter_only:
+        body["datacenter"] = {"eq": True}
+    if config.min_reliability is not None:
+        body["reliability"] = {"gte": config.min_reliability}
+    if config.ssh == "direct":
+        body["direct_port_count"] = {"gte": 1}
+    if request.gpus_per_node > 0:
+        body["num_gpus"] = {"eq": request.gpus_per_node}
+    if request.gpu is not None:
+        body["gpu_name"] = {"in": gpu_names(config, request.gpu)}
+    if request.min_vcpus:
+        body["cpu_cores_effective"] = {"gte": request.min_vcpus}
+    if regions is not None:
+        body["geolocation"] = {"in": regions}
+    return body
+
+
+def check_spec(spec: InstanceSpec) -> None:
+    """What Vast cannot carry, found before anything is made (prepare). Unavailable with
+    provider scope: every Vast offer would fail the same way, another cloud may not."""
+    if len(spec.label) > MAX_LABEL_CHARS:
+        raise ProviderError(
+            ErrorKind.INVALID_REQUEST, f"label longer than {MAX_LABEL_CHARS} characters"
+        )
+    if spec.user_data is not None and spec.user_data.lstrip().startswith("#cloud-config"):
+        raise ProviderError(
+            ErrorKind.UNAVAILABLE,
+            "Vast runs containers without cloud-init: user_data must be a shell script",
+            block_scope="provider",
+        )
+    length = len(onstart_script(spec) or "")
+    if length > MAX_ONSTART_CHARS:
+        raise ProviderError(
+            ErrorKind.UNAVAILABLE,
+            f"user_data and SSH key make an onstart script of {length} characters; "
+            f"Vast allows {MAX_ONSTART_CHARS}",
+            block_scope="provider",
+        )
+
+
+def onstart_script(spec: InstanceSpec) -> str | None:
+    """The `onstart` commands: install the SSH key, then start the user data script."""
+    lines: list[str] = []
+    if spec.ssh_public_key and spec.ssh_public_key.strip():
+        key = shlex.quote(spec.ssh_public_key.strip())
+        lines += [
+            "mkdir -p /root/.ssh && chmod 700 /root/.ssh",
+            f"printf '%s\\n' {key} >> /root/.ssh/authorized_keys",
+            "chmod 600 /root/.ssh/authorized_keys",
+        ]
+    if spec.user_data and spec.user_data.strip():
+        encoded = base64.b64encode(spec.user_data.encode()).decode()
+        runner = "" if spec.user_data.startswith("#!") else "bash "
+        lines += [
+            f"echo {encoded} | base64 -d > {USER_DATA_PATH} && chmod 700 {USER_DATA_PATH}",
+            f"nohup {runner}{USER_DATA_PATH} > {USER_DATA_LOG} 2>&1 &",
+        ]
+    return "\n".join(lines) if lines else None
+
+
+def env_flags(bootstrap: NodeBootstrap) -> str:
+    """`-e GPUPROV_API_URL=... -e GPUPROV_JOIN_TOKEN=...` (Docker flag format, Vast's `env`).
+    The values cannot be quoted there, so one with whitespace or quotes is refused; the error
+    never names the token."""
+    pairs = (("GPUPROV_API_URL", bootstrap.api_url), ("GPUPROV_JOIN_TOKEN", bootstrap.join_token))
+    for name, value in pairs:
+        unsafe = any(ch.isspace() or ch in "'\"\\" for ch in value)
+        if not value or unsafe or len(value) > MAX_ENV_VALUE_CHARS:
+            raise ProviderError(
+                ErrorKind.INVALID_REQUEST,
+                f"{name} cannot be passed as a Vast environment variable "
+                f"(empty, over {MAX_ENV_VALUE_CHARS} characters, or has whitespace or quotes)",
+            )
+    return " ".join(f"-e {name}={value}" for name, value in pairs)
+
+
+def create_body(config: VastConfig, offer: Offer, spec: InstanceSpec) -> dict[str, Any]:
+    """PUT /api/v0/asks/{ask_id}/: the image, our label, the disk, SSH, start now or never
+    (`cancel_unavail`: a listing that cannot start at once answers no_such_ask instead of
+    leaving a contract that waits)."""
+    body: dict[str, Any] = {
+        "image": spec.image or _detail_text(offer, "image") or config.image,
+        "label": spec.label,
+        "disk": number(offer.detail.get("disk_gb")) or config.disk_gb,
+        "runtype": _detail_text(offer, "runtype") or runtype(config),
+        "target_state": "running",
+        "cancel_unavail": True,
+    }
+    if (onstart := onstart_script(spec)) is not None:
+        body["onstart"] = onstart
+    if spec.bootstrap is not None:
+        body["env"] = env_flags(spec.bootstrap)
+    return body
+
+
+def _detail_text(offer: Offer, key: str) -> str | None:
+    value = offer.detail.get(key)
+    return value if isinstance(value, str) and value else None
+
+
+def ask_id(offer: Offer, node_index: int = 0, taken: Collection[int] = ()) -> int:
+    """The listing node `node_index` of a job rents. A listing is one host's bundle and can be
+    rented once, so node k > 0 takes the k-th of the offer's equivalent listings
+    (`detail["ask_ids"]`, see `with_alternates`), leaving out those lately `taken` (they
+    answered no_such_ask); an offer without enough of them is Unavailable before anything is
+    made. An offer this adapter did not make is InvalidRequest."""
+    asks = offer.detail.get("ask_ids", [offer.detail.get("ask_id")])
+    if not isinstance(asks, list) or not asks or not all(_is_ask(a) for a in asks):
+        raise ProviderError(
+            ErrorKind.INVALID_REQUEST, f"offer {offer.id} has no Vast ask id in its detail"
+        )
+    asks = [asks[0], *(ask for ask in asks[1:] if ask not in taken)]  # its own listing first
+    if node_index >= len(asks):
+        raise ProviderError(
+            ErrorKind.UNAVAILABLE,
+            f"offer {offer.id} stands for {len(asks)} equivalent listing(s) at or under its "
+            f"price; node {node_index} has none of its own",
+        )
+    return asks[node_index]
+
+
+def _is_ask(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def with_alternates(offers: list[Offer]) -> None:
+    """Give each offer the ask ids a multi-node job can rent under it: its own first, then
+    every other listing of the same GPU model, count and region at no higher a price,
+    cheapest first, so no node costs more than the offer's quote."""
+    for offer in offers:
+        alternates = [
+            other.detail["ask_id"]
+            for other in offers
+            if other is not offer and _same_shape(other, offer) and _not_dearer(other, offer)
+        ]
+        offer.detail["ask_ids"] = [offer.detail["ask_id"], *alternates][:MAX_ASKS_PER_OFFER]
+
+
+def _same_shape(one: Offer, other: Offer) -> bool:
+    return (one.gpu_name, one.gpu_count, one.region) == (
+        other.gpu_name,
+        other.gpu_count,
+        other.region,
+    )
+
+
+def _not_dearer(one: Offer, than: Offer) -> bool:
+    return (
+        one.price is not None and than.price is not None and one.price.amount <= than.price.amount
+    )
