@@ -74,6 +74,9 @@ def main() -> None:
     parser.add_argument("--config", help="path to gpuprov.toml (default: $GPUPROV_CONFIG)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # botocore logs request parameters (EC2 user data carries a node's join token) at DEBUG.
+    for chatty in ("botocore", "aiobotocore"):
+        logging.getLogger(chatty).setLevel(max(logging.INFO, logging.getLogger().level))
     asyncio.run(serve(args.config))
     logging.shutdown()
     # Skip finalization: the Temporal client's Rust threads can crash it

@@ -1,0 +1,179 @@
+"""Per-VM side resources (prepare and cleanup) and image resolution, each idempotent.
+
+- security group `gpuprov-<vm>` in the region's default VPC, tagged `gpuprov-vm=<vm>`:
+  CreateSecurityGroup (`InvalidGroup.Duplicate` = made before: found again with
+  DescribeSecurityGroups), AuthorizeSecurityGroupIngress tcp 22 (`InvalidPermission.Duplicate`
+  = success); removed with DeleteSecurityGroup (`InvalidGroup.NotFound` = gone).
+- key pair `gpuprov-<vm>` from the spec's public key, tagged likewise: ImportKeyPair
+  (`InvalidKeyPair.Duplicate` = success); removed with DescribeKeyPairs + DeleteKeyPair.
+- image: DescribeImages, for an AMI id (to learn its root device) or, by name and owner, the
+  newest available image for the instance type's architecture.
+
+Only resources that carry both our name and our tag are ever deleted: the user's own key pairs,
+groups and VPCs are never touched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from providers.aws import parse
+from providers.aws.client import Ec2Api
+from providers.aws.config import AwsConfig
+from providers.base import InstanceSpec
+from providers.errors import ErrorKind, ProviderError
+
+GROUP_DUPLICATE = frozenset({"InvalidGroup.Duplicate"})
+PERMISSION_DUPLICATE = frozenset({"InvalidPermission.Duplicate"})
+KEY_DUPLICATE = frozenset({"InvalidKeyPair.Duplicate"})
+GROUP_GONE = frozenset({"InvalidGroup.NotFound", "InvalidGroupId.NotFound"})
+KEY_GONE = frozenset({"InvalidKeyPair.NotFound"})
+DEFAULT_ROOT_DEVICE = "/dev/sda1"
+
+
+def identity_tags(spec_vm: str, extra: dict[str, str] | None = None) -> list[dict[str, str]]:
+    """The tags every gpuprov resource carries: gpuprov-vm=<vm>, Name=gpuprov-<vm>, + labels."""
+    tags = {key: value[:256] for key, value in (extra or {}).items() if not key.startswith("aws:")}
+    tags.update({parse.VM_TAG: spec_vm, "Name": f"gpuprov-{spec_vm}"})
+    return [{"Key": key, "Value": value} for key, value in sorted(tags.items())]
+
+
+async def security_group(api: Ec2Api, config: AwsConfig, region: str, spec: InstanceSpec) -> str:
+    """The VM's security group id, created (with SSH open to `ssh_cidrs`) if needed."""
+    created = await api.call(
+        region,
+        "CreateSecurityGroup",
+        ok_codes=GROUP_DUPLICATE,
+        GroupName=spec.label,
+        Description=f"gpuprov: SSH to {spec.vm}"[:255],
+        TagSpecifications=[
+            {"ResourceType": "security-group", "Tags": identity_tags(spec.vm, spec.labels)}
+        ],
+    )
+    if created is not None:
+        with parse.reading("CreateSecurityGroup"):
+            group_id = str(created["GroupId"])
+    else:
+        group_id = await _existing_group(api, region, spec)
+    await api.call(
+        region,
+        "AuthorizeSecurityGroupIngress",
+        ok_codes=PERMISSION_DUPLICATE,
+        GroupId=group_id,
+        IpPermissions=[
+            {
+                "IpProtocol": "tcp",
+                "FromPort": 22,
+                "ToPort": 22,
+                "IpRanges": [
+                    {"CidrIp": cidr, "Description": "gpuprov ssh"} for cidr in config.ssh_cidrs
+                ],
+            }
+        ],
+    )
+    return group_id
+
+
+async def _existing_group(api: Ec2Api, region: str, spec: InstanceSpec) -> str:
+    groups = await api.pages(
+        region,
+        "DescribeSecurityGroups",
+        "SecurityGroups",
+        Filters=[{"Name": "group-name", "Values": [spec.label]}],
+    )
+    with parse.reading("DescribeSecurityGroups"):
+        for group in groups:
+            if _tagged(group, spec.vm):
+                return str(group["GroupId"])
+    if groups:
+        raise ProviderError(
+            ErrorKind.FAILED,
+            f"a security group named {spec.label} exists without tag {parse.VM_TAG}={spec.vm}: "
+            "gpuprov did not make it and will not use it",
+        )
+    # EC2 said Duplicate but cannot list it yet (eventual consistency): try the step again.
+    raise ProviderError(ErrorKind.TRANSIENT, f"security group {spec.label} not listed yet")
+
+
+async def key_pair(api: Ec2Api, config: AwsConfig, region: str, spec: InstanceSpec) -> str | None:
+    """The key pair to launch with: the spec's public key imported as `gpuprov-<vm>`, else the
+    configured `key_name` (the user's, never deleted), else none."""
+    if not spec.ssh_public_key:
+        return config.key_name
+    await api.call(
+        region,
+        "ImportKeyPair",
+        ok_codes=KEY_DUPLICATE,
+        KeyName=spec.label,
+        PublicKeyMaterial=spec.ssh_public_key.encode(),
+        TagSpecifications=[
+            {"ResourceType": "key-pair", "Tags": identity_tags(spec.vm, spec.labels)}
+        ],
+    )
+    return spec.label
+
+
+async def image(
+    api: Ec2Api, config: AwsConfig, region: str, spec: InstanceSpec, architecture: str
+) -> tuple[str, str]:
+    """(AMI id, root device name): the spec's AMI, else the region's configured AMI, else the
+    newest available image named `image_name` (or the spec's name pattern) by `image_owner`."""
+    explicit = spec.image if spec.image and spec.image.startswith("ami-") else None
+    explicit = explicit or config.images.get(region)
+    if explicit:
+        found = await api.must(region, "DescribeImages", ImageIds=[explicit])
+        candidates = found.get("Images") or []
+    else:
+        name = spec.image or config.image_name
+        found = await api.must(
+            region,
+            "DescribeImages",
+            Owners=[config.image_owner],
+            Filters=[
+                {"Name": "name", "Values": [name]},
+                {"Name": "state", "Values": ["available"]},
+                {"Name": "architecture", "Values": [architecture]},
+            ],
+        )
+        candidates = found.get("Images") or []
+        if not candidates:
+            raise ProviderError(
+                ErrorKind.UNAVAILABLE,
+                f"no available {architecture} image named {name!r} owned by "
+                f"{config.image_owner} in {region}",
+            )
+    with parse.reading("DescribeImages"):
+        if not candidates:
+            raise ProviderError(ErrorKind.INVALID_REQUEST, f"image {explicit} not in {region}")
+        newest = max(candidates, key=lambda i: str(i.get("CreationDate") or ""))
+        return str(newest["ImageId"]), str(newest.get("RootDeviceName") or DEFAULT_ROOT_DEVICE)
+
+
+async def delete_key_pairs(api: Ec2Api, region: str, vm: str, label: str) -> None:
+    pairs = await api.pages(
+        region, "DescribeKeyPairs", "KeyPairs", Filters=[{"Name": "key-name", "Values": [label]}]
+    )
+    with parse.reading("DescribeKeyPairs"):
+        ours = [str(pair["KeyName"]) for pair in pairs if _tagged(pair, vm)]
+    for name in ours:  # key names are unique per region; this one carries our tag
+        await api.call(region, "DeleteKeyPair", ok_codes=KEY_GONE, KeyName=name)
+
+
+async def delete_security_groups(api: Ec2Api, region: str, vm: str, label: str) -> None:
+    groups = await api.pages(
+        region,
+        "DescribeSecurityGroups",
+        "SecurityGroups",
+        Filters=[{"Name": "group-name", "Values": [label]}],
+    )
+    with parse.reading("DescribeSecurityGroups"):
+        ours = [str(group["GroupId"]) for group in groups if _tagged(group, vm)]
+    for group_id in ours:
+        # DependencyViolation (the instance's interface is still detaching) is Transient.
+        await api.call(region, "DeleteSecurityGroup", ok_codes=GROUP_GONE, GroupId=group_id)
+
+
+def _tagged(resource: dict[str, Any], vm: str) -> bool:
+    return any(
+        tag["Key"] == parse.VM_TAG and tag["Value"] == vm for tag in resource.get("Tags") or []
+    )
