@@ -19,7 +19,14 @@ demo: $(STAMP)
 dev: $(STAMP)
 	$(BIN)/gpuprov dev
 
-test: $(STAMP)
+# The SSH tests start OpenSSH's sshd on loopback (tests/sshd.py). Installed only where missing:
+# a file target, so this is a no-op wherever sshd is already there.
+SSHD := /usr/sbin/sshd
+$(SSHD):
+	$$([ "$$(id -u)" = 0 ] || echo sudo) sh -c 'export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y openssh-server || { apt-get update && apt-get install -y openssh-server; }'
+
+test: $(STAMP) $(SSHD)
 	$(BIN)/pytest -q
 
 # The performance benchmark (bench/, docs/performance.md); `make bench QUICK=1` takes a minute or two.

@@ -30,6 +30,7 @@ from activities.enrolment import Enrolment
 from activities.errors import classified, to_application_error
 from activities.heartbeat import Heartbeater
 from activities.observe_hub import ObserveHub
+from activities.ssh_keys import KeyStore
 from providers.base import (
     Capabilities,
     CloudProvider,
@@ -105,9 +106,15 @@ class CloudActivities:
         providers: dict[str, CloudProvider],
         enrolment: Enrolment | None = None,
         skipped: dict[str, str] | None = None,
+        *,
+        ssh_bootstrap: set[str] | None = None,
+        keys: KeyStore | None = None,
     ) -> None:
         self._providers = providers
         self._skipped = dict(skipped or {})  # configured clouds left out, and why
+        # Providers whose nodes the core bootstraps over SSH with the deployment key in `keys`.
+        self._ssh_bootstrap = set(ssh_bootstrap or ())
+        self._keys = keys
         self._enrolment = enrolment
         self._observe_hub = ObserveHub()  # waits in one region share one list call
 
@@ -139,7 +146,13 @@ class CloudActivities:
 
     @activity.defn(name="describe_providers")
     async def describe_providers(self) -> dict[str, Capabilities]:
-        return {name: provider.capabilities() for name, provider in self._providers.items()}
+        return {name: self._capabilities(name) for name in self._providers}
+
+    def _capabilities(self, name: str) -> Capabilities:
+        hints = self._providers[name].capabilities()
+        if name in self._ssh_bootstrap:  # `[providers.<id>] ssh_bootstrap = true`
+            hints = hints.model_copy(update={"ssh_bootstrap": True, "node_agent": True})
+        return hints
 
     @activity.defn(name="skipped_providers")
     async def skipped_providers(self) -> dict[str, str]:
@@ -193,6 +206,8 @@ class CloudActivities:
                     return ids
             if self._enrolment is not None:
                 spec = await asyncio.to_thread(self._enrolment.record_and_mint, request.offer, spec)
+            if request.offer.provider in self._ssh_bootstrap and spec.ssh_public_key is None:
+                spec = await asyncio.to_thread(self._with_deployment_key, spec)
             ids = await provider.create(request.offer, request.prepared, spec)
         await self._created(spec.vm, ids)
         return ids
@@ -201,6 +216,11 @@ class CloudActivities:
         self, provider: CloudProvider, request: VmInput, interval: float
     ) -> list[Observed] | None:
         return await _observe_tolerating_transient(self._observe_hub, provider, request, interval)
+
+    def _with_deployment_key(self, spec: InstanceSpec) -> InstanceSpec:
+        """The node's authorized key: the worker's client key, so bootstrap can log in."""
+        assert self._keys is not None  # build_worker pairs ssh_bootstrap with a key store
+        return spec.model_copy(update={"ssh_public_key": self._keys.client_public_key()})
 
     async def _created(self, vm: str, ids: list[str]) -> None:
         if self._enrolment is not None:

@@ -4,6 +4,7 @@
     gpuprov dev                       Temporal dev server + UI + worker, until Ctrl-C
     gpuprov submit job.yaml [--wait]  start a job (workflow id job-<name>)
     gpuprov status NAME | list | release NAME | cancel NAME | offers --gpu H100
+    gpuprov health NAME               verdict per machine of a job (or one VM): diagnosis + SSH
     gpuprov api                       the control-plane API (nodes register here)
     gpuprov setup                     once per cluster: migrations, namespace, search attributes,
                                       the reconciler's Schedule
@@ -21,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -49,12 +51,13 @@ from gpuprov.models import (
 )
 from gpuprov.render import (
     capabilities_text,
+    health_text,
     offers_text,
     orphans_text,
     progress_line,
     status_text,
 )
-from providers.base import ResourceRequest
+from providers.base import ResourceRequest, Verdict
 from workflows.offers import OffersQuery
 
 
@@ -81,6 +84,11 @@ def _parser() -> argparse.ArgumentParser:
     listing = commands.add_parser("list", help="list jobs")
     listing.add_argument("--state", choices=[s.value for s in JobState])
     listing.add_argument("--provider")
+    health = commands.add_parser(
+        "health", help="health of a job's machines or of one machine (gone/unhealthy/...)"
+    )
+    health.add_argument("name", help="a job name, or a VM name such as train-7b-a1-n0-ce4389")
+    health.add_argument("--json", action="store_true")
     offers = commands.add_parser("offers", help="offers a job would try, cheapest first")
     offers.add_argument("--gpu")
     offers.add_argument("--gpus-per-node", type=int, default=1)
@@ -174,6 +182,16 @@ async def _cancel(settings: Settings, args: argparse.Namespace) -> int:
     await (await _client(settings)).job(args.name).cancel()
     print(f"cancellation requested for {args.name}; its instances will be torn down")
     return 0
+
+
+async def _health(settings: Settings, args: argparse.Namespace) -> int:
+    """Exit 0 when every machine is healthy, 1 when any is degraded, unhealthy or gone."""
+    reports = await (await _client(settings)).health(args.name)
+    if args.json:
+        print(json.dumps([report.model_dump(mode="json") for report in reports], indent=2))
+    else:
+        print(health_text(reports))
+    return 0 if all(report.verdict is Verdict.HEALTHY for report in reports) else 1
 
 
 async def _offers(settings: Settings, args: argparse.Namespace) -> int:
@@ -318,6 +336,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], Awaitable[int]]] = 
     "release": _release,
     "cancel": _cancel,
     "offers": _offers,
+    "health": _health,
     "dev": _dev,
     "api": _api,
     "setup": cluster_setup.command,

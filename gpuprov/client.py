@@ -31,11 +31,13 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes
 from temporalio.exceptions import WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
+from activities.health import HealthInput
 from gpuprov import search_attributes
 from gpuprov.codec import data_converter
 from gpuprov.config import CodecSettings
-from gpuprov.models import JobSpec, JobState, JobStatus, workflow_id_for
+from gpuprov.models import HealthReport, JobSpec, JobState, JobStatus, workflow_id_for
 from providers.base import Model, ResourceRequest
+from workflows.health import CheckHealth, HealthRequest
 from workflows.offers import OffersQuery, OffersResult, PlanOffers
 
 DEFAULT_TASK_QUEUE = "gpuprov"
@@ -258,6 +260,36 @@ class GpuprovClient:
             reason = getattr(cause, "message", None) or str(cause)
             raise GpuprovError(
                 f"planning offers failed ({reason}); is a worker polling {self.task_queue!r}?"
+            ) from None
+
+    async def health(self, name: str, timeout: float = 300) -> list[HealthReport]:
+        """Health of a job's machines (`name` is a job) or of one machine (`name` is a VM),
+        checked by a worker: the provider's diagnosis plus an SSH probe of each node."""
+        try:
+            status = await self.job(name).status()
+        except JobNotFound:
+            checks = [HealthInput(vm=name)]
+        else:
+            checks = [
+                HealthInput(
+                    vm=node.vm,
+                    expected_gpus=len(node.capabilities.gpus) if node.capabilities else None,
+                )
+                for node in status.live_nodes()
+            ]
+            if not checks:
+                raise GpuprovError(f"job {name!r} holds no machines ({status.state.value})")
+        try:
+            return await self.temporal.execute_workflow(
+                CheckHealth.run,
+                HealthRequest(checks=checks),
+                id=f"health-{uuid.uuid4().hex[:12]}",
+                task_queue=self.task_queue,
+                execution_timeout=timedelta(seconds=timeout),
+            )
+        except WorkflowFailureError as error:
+            raise GpuprovError(
+                f"health check failed ({error.cause}); is a worker polling {self.task_queue!r}?"
             ) from None
 
 

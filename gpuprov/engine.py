@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from temporalio.client import Client
@@ -13,9 +14,12 @@ from temporalio.runtime import PrometheusConfig, TelemetryConfig
 from temporalio.runtime import Runtime as TemporalRuntime
 from temporalio.worker import Worker
 
+from activities.bootstrap import BootstrapActivities, RecordsJoinTokens
 from activities.cloud import CloudActivities
 from activities.enrolment import Enrolment
+from activities.health import HealthActivities
 from activities.reconcile import ReconcileActivities
+from activities.ssh_keys import KeyStore
 from activities.store import StoreActivities
 from gpuprov import metrics
 from gpuprov.codec import data_converter
@@ -31,11 +35,12 @@ from gpuprov.db import Database
 from gpuprov.records import Records
 from providers import build_all
 from providers.base import CloudProvider
+from workflows.health import CheckHealth
 from workflows.job import ProvisionJob
 from workflows.offers import PlanOffers
 from workflows.reconcile import Reconcile
 
-WORKFLOWS = [ProvisionJob, PlanOffers, Reconcile]
+WORKFLOWS = [ProvisionJob, PlanOffers, Reconcile, CheckHealth]
 
 
 async def connect(
@@ -83,22 +88,41 @@ def build_worker(
     api_url: str,
     jobs: JobsSettings | None = None,
     skipped: dict[str, str] | None = None,
+    ssh_key_dir: Path | None = None,
+    ssh_bootstrap: set[str] | None = None,
     **worker_options: Any,
 ) -> Worker:
     """The gpuprov worker; `worker_options` go to temporalio's Worker unchanged (the benchmark
-    raises max_concurrent_activities and max_cached_workflows for 1000 concurrent jobs)."""
+    raises max_concurrent_activities and max_cached_workflows for 1000 concurrent jobs).
+
+    With `ssh_key_dir` (the worker's SSH key directory, activities/ssh_keys.py) the worker also
+    runs the SSH bootstrap, for the providers in `ssh_bootstrap`."""
     jobs = jobs or JobsSettings()
-    enrolment = Enrolment(records, api_url, timedelta(seconds=jobs.join_token_ttl_seconds))
+    token_ttl = timedelta(seconds=jobs.join_token_ttl_seconds)
+    enrolment = Enrolment(records, api_url, token_ttl)
     store = StoreActivities(records, timedelta(seconds=jobs.block_ttl_seconds))
+    if ssh_bootstrap and ssh_key_dir is None:
+        raise ValueError("ssh_bootstrap needs ssh_key_dir (where the worker keeps its SSH keys)")
+    keys = KeyStore(ssh_key_dir) if ssh_key_dir is not None else None
+    bootstrap = (
+        BootstrapActivities(providers, keys, RecordsJoinTokens(records, token_ttl), api_url).all()
+        if keys is not None
+        else []
+    )
+    cloud = CloudActivities(
+        providers, enrolment, skipped, ssh_bootstrap=set(ssh_bootstrap or ()), keys=keys
+    )
     return Worker(
         client,
         task_queue=task_queue,
         workflows=WORKFLOWS,
         activities=[
-            *CloudActivities(providers, enrolment, skipped).all(),
+            *cloud.all(),
+            *bootstrap,
             *store.all(),
             # The reconciler asks Temporal (through this worker's client) which jobs are live.
             *ReconcileActivities(providers, records, client).all(),
+            *HealthActivities(providers, records, keys).all(),
         ],
         **worker_options,
     )
@@ -133,6 +157,13 @@ async def running_worker(client: Client, settings: Settings) -> AsyncIterator[Ru
         api_url=settings.api.url,
         jobs=settings.jobs,
         skipped=built.skipped,
+        ssh_key_dir=Path(settings.temporal.data_dir) / "ssh",
+        ssh_bootstrap={
+            provider_id
+            for provider_id in providers
+            if (section := settings.providers.section(provider_id)) is not None
+            and section.ssh_bootstrap
+        },
     )
     try:
         async with worker:

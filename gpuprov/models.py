@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from providers import PROVIDER_IDS
 from providers.base import (
+    Finding,
     Location,
     Model,
     NodeShape,
@@ -27,6 +28,7 @@ from providers.base import (
     PriceQuote,
     ResourceRequest,
     SshEndpoint,
+    Verdict,
 )
 from providers.errors import ErrorKind
 
@@ -74,6 +76,9 @@ class JobSpec(Model):
     max_hourly_cost: float | None = Field(default=None, gt=0)  # USD/hour, whole job
     provisioning_timeout_seconds: int = Field(default=1800, ge=1)
     release: ReleasePolicy = ReleasePolicy.TERMINATE_ON_COMPLETION
+    # While ready, each machine's health (diagnosis + SSH probe) is checked this often and shown
+    # in the status and the Temporal UI's current details; None turns it off.
+    health_check_interval_seconds: int | None = Field(default=600, ge=1)
 
     @property
     def workflow_id(self) -> str:
@@ -289,6 +294,15 @@ class Block(Model):
         return self.key == offer.provider
 
 
+class HealthReport(Model):
+    """One VM's health: the provider's diagnosis plus an SSH probe of the node."""
+
+    vm: str
+    verdict: Verdict
+    findings: list[Finding] = Field(default_factory=list)
+    checked_at: datetime | None = None
+
+
 class JobStatus(Model):
     """Everything the status query answers: where the job is, what it tried, what it holds."""
 
@@ -303,6 +317,7 @@ class JobStatus(Model):
     hourly_cost: PriceQuote | None = None  # whole job, from the winning offer's quote
     error: str | None = None
     leaks: list[str] = Field(default_factory=list)  # teardown steps that did not confirm
+    health: list[HealthReport] = Field(default_factory=list)  # latest check per node, when ready
 
     @property
     def workflow_id(self) -> str:

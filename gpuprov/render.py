@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import datetime
 
 from gpuprov.db import OrphanRecord
-from gpuprov.models import JobStatus, WorkerCapabilities
-from providers.base import Offer
+from gpuprov.models import HealthReport, JobStatus, WorkerCapabilities
+from providers.base import Offer, Severity
 
 
 def price_text(offer: Offer) -> str:
@@ -121,3 +121,14 @@ def orphans_text(orphans: list[OrphanRecord], *, include_resolved: bool = False)
 
 def _when(moment: datetime) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def health_text(reports: list[HealthReport]) -> str:
+    """One line per machine with its verdict, then its findings (most severe first)."""
+    order = {Severity.CRITICAL: 0, Severity.WARN: 1, Severity.INFO: 2}
+    lines = []
+    for report in reports:
+        lines.append(f"{report.vm}: {report.verdict.value}")
+        for finding in sorted(report.findings, key=lambda f: order[f.severity]):
+            lines.append(f"    {finding.severity.value:8} {finding.code}: {finding.message}")
+    return "\n".join(lines) or "no machines"

@@ -152,6 +152,9 @@ class Capabilities(Model):
     # Booted instances run the node agent, which registers through the API; placement then
     # waits (within boot_timeout) for that registration and checks its capabilities.
     node_agent: bool = False
+    # The core starts the node agent itself over SSH once the machine runs
+    # (activities/bootstrap.py), handing it a fresh join token on its stdin; implies node_agent.
+    ssh_bootstrap: bool = False
     boot_timeout: float = Field(default=1200.0, gt=0)  # seconds until Running
     delete_timeout: float = Field(default=600.0, gt=0)  # seconds until gone
     poll_interval: float = Field(default=10.0, gt=0)  # seconds between observe calls

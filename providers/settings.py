@@ -25,6 +25,10 @@ class ProviderSettings(Model):
     """Fields every provider section has."""
 
     enabled: bool = True
+    # Start the node agent over SSH once a machine runs (activities/bootstrap.py), then place
+    # the job only after the node registered and reported compatible capabilities. Needs an
+    # image with python3 and sshd, and the deployment's SSH key on the node.
+    ssh_bootstrap: bool = False
 
 
 class ApiKeySettings(ProviderSettings):

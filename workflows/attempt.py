@@ -1,6 +1,7 @@
 """One attempt: bring up every node of the job on one offer, as a saga.
 
-prepare (all nodes) -> create (all nodes) -> wait running (all nodes) -> wait for each node's
+prepare (all nodes) -> create (all nodes) -> wait running (all nodes) -> [start the node agent
+over SSH, where the provider's nodes are bootstrapped that way] -> wait for each node's
 registration and check its reported capabilities. Each undo is pushed on the compensation stack
 *before* the step it undoes starts, because a create can land even when its response is lost.
 Any failure propagates as StepFailure; the job decides (by policy) what to do with it.
@@ -14,6 +15,7 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    from activities.bootstrap import AGENT_TIMEOUT, BootstrapActivities, BootstrapInput
     from activities.cloud import CloudActivities, CreateInput, PrepareInput, VmInput
     from activities.errors import StepFailure
     from gpuprov.models import Attempt, JobSpec, NodeInstance
@@ -81,6 +83,9 @@ class AttemptSaga:
             f"(boot_timeout {self.hints.boot_timeout:g}s)"
         )
         await run_all(self._wait_running(node) for node in self.nodes)
+        if self.hints.ssh_bootstrap and workflow.patched("ssh-bootstrap"):
+            self._waiting(f"bootstrap: starting the node agent over SSH on {count} node(s)")
+            await run_all(self._bootstrap(node) for node in self.nodes)
         if self.hints.node_agent:
             await self._await_registrations()
 
@@ -136,6 +141,28 @@ class AttemptSaga:
         )
         node.record_observed(observed)
         node.status = "running"
+
+    async def _bootstrap(self, node: NodeInstance) -> None:
+        """Upload and start the node agent over SSH (host key verified); the join token is
+        minted inside the activity and travels only over the SSH channel."""
+        if node.ssh is None:
+            raise StepFailure(
+                "bootstrap", ErrorKind.FAILED, f"{node.vm} runs but reports no SSH endpoint"
+            )
+        await run_step(
+            "bootstrap",
+            BootstrapActivities.bootstrap,
+            BootstrapInput(
+                provider=node.provider,
+                vm=node.vm,
+                ssh=node.ssh,
+                boot_timeout=self.hints.boot_timeout,
+                poll_interval=min(self.hints.poll_interval, 5.0),
+            ),
+            start_to_close_timeout=wait_timeout(self.hints.boot_timeout + AGENT_TIMEOUT),
+            heartbeat_timeout=heartbeat_timeout(self.hints),
+            summary=f"bootstrap {node.vm}",
+        )
 
     async def _await_registrations(self) -> None:
         """Placement waits for each node's own report (a running machine may still lack a

@@ -26,6 +26,7 @@ from temporalio.exceptions import ApplicationError
 with workflow.unsafe.imports_passed_through():
     from activities.cloud import CloudActivities, PlanInput
     from activities.errors import StepFailure
+    from activities.health import HealthInput
     from activities.store import (
         BlockInput,
         CostInput,
@@ -44,11 +45,12 @@ with workflow.unsafe.imports_passed_through():
         JobSpec,
         JobState,
         JobStatus,
+        NodeInstance,
         ReleasePolicy,
         WorkerRegistration,
     )
-    from providers.base import Capabilities, Offer
-    from workflows import metrics, policy
+    from providers.base import Capabilities, Offer, Severity, Verdict
+    from workflows import health, metrics, policy
     from workflows.attempt import AttemptSaga
     from workflows.compensation import (
         Compensation,
@@ -113,7 +115,7 @@ class ProvisionJob:
                 metrics.provisioning_seconds("provisioned")
             await self._mark_placed()
             self._set_state(JobState.READY, "release: signal `release` or cancel the workflow")
-            await workflow.wait_condition(lambda: self._release_requested)
+            await self._serve_until_released()
             await self._release()
             self._set_state(JobState.COMPLETED)
             return self._status
@@ -184,6 +186,33 @@ class ProvisionJob:
             start_to_close_timeout=SHORT_STEP,
             retry_policy=policy.STORE_RETRY,
         )
+
+    # ------------------------------------------------------------------ ready
+
+    async def _serve_until_released(self) -> None:
+        """Wait for `release`; meanwhile check each machine's health on the job's interval and
+        show it in the status and the current details."""
+        interval = self._spec.health_check_interval_seconds
+        machines = [node for node in self._status.live_nodes() if node.status == "running"]
+        if not interval or not machines or not workflow.patched("ready-health-checks"):
+            await workflow.wait_condition(lambda: self._release_requested)
+            return
+        while True:
+            try:
+                await workflow.wait_condition(lambda: self._release_requested, timeout=interval)
+                return
+            except TimeoutError:
+                await self._check_health(machines)
+
+    async def _check_health(self, machines: list[NodeInstance]) -> None:
+        reports = await asyncio.gather(
+            *(
+                health.check(HealthInput(vm=node.vm, expected_gpus=_gpus_of(node)))
+                for node in machines
+            )
+        )
+        self._status.health = list(reports)
+        self._publish_details()
 
     # ------------------------------------------------------------------ provisioning
 
@@ -411,6 +440,12 @@ class ProvisionJob:
             lines.append(f"waiting for: {self._status.waiting_for}")
         lines += [f"- attempt {a.describe()}" for a in self._status.attempts]
         lines += [f"- blocked {b.scope.value} {b.key}: {b.kind.value}" for b in self._status.blocks]
+        lines += [
+            f"- node {report.vm}: **{report.verdict.value}**: "
+            + "; ".join(f.message for f in report.findings if f.severity is not Severity.INFO)
+            for report in self._status.health
+            if report.verdict is not Verdict.HEALTHY
+        ]
         workflow.set_current_details("\n".join(lines))
 
     def _attempt_lines(self) -> str:
@@ -431,6 +466,11 @@ class ProvisionJob:
             and not any(a.offer.id == offer.id for a in self._status.attempts)
         ]
         return f"every offer failed ({tried} tried):{self._attempt_lines()}{''.join(skipped)}"
+
+
+def _gpus_of(node: NodeInstance) -> int | None:
+    """The GPUs the node reported at registration (None where it never registered)."""
+    return len(node.capabilities.gpus) if node.capabilities is not None else None
 
 
 def _same(block: Block, other: Block) -> bool:

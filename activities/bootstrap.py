@@ -1,0 +1,356 @@
+"""SSH bootstrap: reach a booted node over SSH, verify its host key, run the node agent.
+
+One activity, `bootstrap`, meant to run right after `wait_running` for providers whose nodes
+join over SSH:
+
+1. wait until sshd answers, within the provider's boot timeout (heartbeating; the deadline
+   travels in the heartbeat details, so a retry keeps it), logging in with the deployment's
+   client key (activities/ssh_keys.py) or the key the provider names for that VM;
+2. verify the host key, never skipping it (activities/ssh_connect.py): the key injected at
+   create time or pinned earlier (the worker's key directory), the input's key, and the
+   fingerprint the cloud reported must all match; with none of them the first key seen is
+   pinned before anything is sent;
+3. mint a fresh join token for the VM (only its SHA-256 is stored; any earlier unused token of
+   the VM stops working), upload gpuprov/agent.py and run it with the token written to its
+   stdin over the SSH channel: never on a command line (`ps`), in the environment, a file, a
+   log line, an activity input or result (Temporal history), nor in shell history (no
+   interactive shell is involved).
+
+Failures are classified: a host key that does not match, a node that never lets us in before
+its boot timeout, or an agent that fails are Failed (tear down, next offer); a connection lost
+halfway is Transient (Temporal retries the activity, which re-mints the token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shlex
+import time
+from collections.abc import Awaitable
+from datetime import timedelta
+from importlib import resources
+from typing import Literal, Protocol, runtime_checkable
+
+import asyncssh
+from pydantic import Field, field_validator
+from temporalio import activity
+
+from activities.errors import classified
+from activities.heartbeat import Heartbeater
+from activities.ssh_connect import Endpoint, HostKeyTrust, wait_for_sshd
+from activities.ssh_keys import (
+    KeyFileError,
+    KeyStore,
+    check_vm_name,
+    fingerprint,
+    parse_public_key,
+)
+from gpuprov.records import Records
+from providers.base import CloudProvider, Model, SshEndpoint
+from providers.errors import ErrorKind, ProviderError
+
+# On the node, everything the agent needs lives in "$HOME/.gpuprov/<vm>/" of the login user
+# (providers/ssh/remote.py removes exactly that directory at cleanup).
+REMOTE_ROOT = ".gpuprov"
+AGENT_FILE = "agent.py"
+AGENT_TIMEOUT = 300.0  # seconds for the agent to probe and register (its own retries included)
+INSTALL_TIMEOUT = 60.0
+POLL_INTERVAL = 2.0
+MAX_OUTPUT_CHARS = 500
+EXIT_COMMAND_NOT_FOUND = 127
+
+HostKeyTrustKind = Literal["expected", "fingerprint", "first-use"]
+
+
+class BootstrapInput(Model):
+    """Everything here enters history: public facts only, never a token or a private key."""
+
+    provider: str
+    vm: str
+    ssh: SshEndpoint  # from Observed.ssh (host, port, user, the cloud's host key fingerprint)
+    host_key: str | None = None  # OpenSSH public key line the node must present, if known
+    boot_timeout: float = Field(gt=0)  # Capabilities.boot_timeout: how long sshd may take
+    poll_interval: float = Field(default=POLL_INTERVAL, gt=0)
+
+    @field_validator("vm")
+    @classmethod
+    def _usable_vm(cls, vm: str) -> str:
+        return check_vm_name(vm)  # it names files here and a directory on the node
+
+
+class BootstrapResult(Model):
+    vm: str
+    host_key_fingerprint: str | None = None  # SHA256:... of the key the node proved it holds
+    host_key_trust: HostKeyTrustKind | None = None
+    worker_id: str | None = None  # what the API answered the agent, if it said
+    already_registered: bool = False  # an earlier attempt's agent registered: nothing done
+
+
+class BootstrapProgress(Model):
+    started_at: float  # the boot timeout's origin, kept across retries
+    attempts: int = 0
+    last_problem: str | None = None
+
+
+class JoinTokens(Protocol):
+    """Where bootstrap gets a node's join token: worker-side, never through history."""
+
+    def mint(self, vm: str) -> str: ...
+
+    def registered(self, vm: str) -> bool: ...
+
+
+class RecordsJoinTokens:
+    """Join tokens from the records database: a fresh single-use token per bootstrap."""
+
+    def __init__(self, records: Records, ttl: timedelta) -> None:
+        self._records = records
+        self._ttl = ttl
+
+    def mint(self, vm: str) -> str:
+        return self._records.mint_token(vm=vm, ttl=self._ttl)
+
+    def registered(self, vm: str) -> bool:
+        """Whether a live worker of this VM exists (a retry after the agent got through)."""
+        row = self._records.get_vm(vm)
+        if row is None:
+            return False
+        return any(
+            worker.vm == vm and worker.state != "revoked"
+            for worker in self._records.workers_for_job(row.job)
+        )
+
+
+@runtime_checkable
+class SshClientKeys(Protocol):
+    """A provider whose nodes take a key of their own (machines you own list one per host)
+    rather than the deployment's key."""
+
+    def ssh_client_key_path(self, vm: str) -> str | None: ...
+
+
+class BootstrapActivities:
+    def __init__(
+        self,
+        providers: dict[str, CloudProvider],
+        keys: KeyStore,
+        tokens: JoinTokens,
+        api_url: str,
+        agent_timeout: float = AGENT_TIMEOUT,
+    ) -> None:
+        self._providers = providers
+        self._keys = keys
+        self._tokens = tokens
+        self._api_url = api_url
+        self._agent_timeout = agent_timeout
+
+    def all(self) -> list[object]:
+        return [self.bootstrap]
+
+    @activity.defn(name="bootstrap")
+    async def bootstrap(self, request: BootstrapInput) -> BootstrapResult:
+        progress = Heartbeater.resume(BootstrapProgress, BootstrapProgress(started_at=time.time()))
+        with classified():
+            async with Heartbeater(progress) as heartbeat:
+                if await asyncio.to_thread(self._tokens.registered, request.vm):
+                    return BootstrapResult(vm=request.vm, already_registered=True)
+                client_key = await asyncio.to_thread(self._client_key, request)
+                trust = await asyncio.to_thread(self._trust, request)
+
+                def attempted(problem: str) -> None:
+                    nonlocal progress
+                    progress = progress.model_copy(
+                        update={"attempts": progress.attempts + 1, "last_problem": problem}
+                    )
+                    heartbeat.update(progress)
+
+                endpoint = Endpoint(request.ssh.host, request.ssh.port, request.ssh.user)
+                connection, presented = await wait_for_sshd(
+                    endpoint,
+                    client_key,
+                    trust,
+                    deadline=progress.started_at + request.boot_timeout,
+                    interval=request.poll_interval,
+                    on_attempt=attempted,
+                )
+                async with connection:
+                    await asyncio.to_thread(self._pin, request.vm, presented)
+                    token = await asyncio.to_thread(self._mint, request.vm)
+                    stdout = await _guarded(
+                        upload_and_start_agent(
+                            connection, request.vm, self._api_url, token, self._agent_timeout
+                        ),
+                        token,
+                    )
+                await asyncio.to_thread(self._keys.forget_private_host_key, request.vm)
+        return BootstrapResult(
+            vm=request.vm,
+            host_key_fingerprint=fingerprint(presented),
+            host_key_trust=_trust_kind(trust),
+            worker_id=_worker_id(stdout),
+        )
+
+    # ------------------------------------------------------------------ worker-side lookups
+
+    def _client_key(self, request: BootstrapInput) -> asyncssh.SSHKey:
+        return node_client_key(self._providers.get(request.provider), self._keys, request.vm)
+
+    def _trust(self, request: BootstrapInput) -> HostKeyTrust:
+        return node_host_key_trust(self._keys, request.vm, request.ssh, request.host_key)
+
+    def _pin(self, vm: str, presented: asyncssh.SSHKey) -> None:
+        """Record the key the node proved it holds; a different key recorded meanwhile (a
+        racing attempt saw another host) means we stop here."""
+        pinned = self._keys.pin(vm, presented)
+        if pinned.public_data != presented.public_data:
+            raise ProviderError(
+                ErrorKind.FAILED,
+                f"{vm} presented {fingerprint(presented)} but {fingerprint(pinned)} is pinned",
+            )
+
+    def _mint(self, vm: str) -> str:
+        try:
+            return self._tokens.mint(vm)
+        except KeyError as error:  # no VM row: the create step never recorded this VM
+            raise ProviderError(ErrorKind.FAILED, f"cannot mint a join token: {error}") from None
+
+
+# ---------------------------------------------------------------------- on the node
+
+
+def agent_source() -> bytes:
+    """The node agent: one standard-library file (gpuprov/agent.py)."""
+    return resources.files("gpuprov").joinpath("agent.py").read_bytes()
+
+
+def remote_dir(vm: str) -> str:
+    """The VM's directory on the node, as a shell word (`$HOME` expands there)."""
+    return f'"$HOME"/{REMOTE_ROOT}/{shlex.quote(vm)}'
+
+
+def install_command(vm: str) -> str:
+    """Receive the agent on stdin into a private directory (written aside, then renamed)."""
+    directory = remote_dir(vm)
+    return (
+        f"umask 077 && mkdir -p {directory} && cat > {directory}/{AGENT_FILE}.part"
+        f" && mv -f {directory}/{AGENT_FILE}.part {directory}/{AGENT_FILE}"
+    )
+
+
+def start_command(vm: str, api_url: str) -> str:
+    """Run the agent; it reads its join token from stdin. The command line holds no secret."""
+    return f"exec python3 {remote_dir(vm)}/{AGENT_FILE} register --url {shlex.quote(api_url)}"
+
+
+async def upload_and_start_agent(
+    connection: asyncssh.SSHClientConnection,
+    vm: str,
+    api_url: str,
+    token: str,
+    timeout: float = AGENT_TIMEOUT,
+) -> str:
+    """Copy the agent to the node and run it with `token` on its stdin; its stdout on success.
+
+    The one place that knows how the agent is installed and started: adjust it here when the
+    agent's interface changes."""
+    installed = await connection.run(
+        install_command(vm), input=agent_source(), encoding=None, timeout=INSTALL_TIMEOUT
+    )
+    if installed.exit_status != 0:
+        raise ProviderError(
+            ErrorKind.FAILED,
+            f"cannot install the agent on {vm} (exit {installed.exit_status}): "
+            f"{_tail(installed.stderr)}",
+        )
+    try:
+        started = await connection.run(
+            start_command(vm, api_url), input=token + "\n", timeout=timeout
+        )
+    except asyncssh.TimeoutError:
+        raise ProviderError(
+            ErrorKind.FAILED, f"the agent on {vm} did not finish within {timeout:g}s"
+        ) from None
+    if started.exit_status == EXIT_COMMAND_NOT_FOUND:
+        raise ProviderError(ErrorKind.FAILED, f"python3 not found on {vm}: the agent needs it")
+    if started.exit_status != 0:
+        raise ProviderError(
+            ErrorKind.FAILED,
+            f"the agent on {vm} exited {started.exit_status}: {_tail(started.stderr)}",
+        )
+    return _text(started.stdout)
+
+
+async def _guarded(work: Awaitable[str], token: str) -> str:
+    """Await the agent's run; a connection that breaks halfway is Transient (the retry mints a
+    new token), and no message that leaves here can carry the token."""
+    try:
+        return await work
+    except ProviderError as error:
+        raise ProviderError(error.kind, error.message.replace(token, "<token>")) from None
+    except (OSError, asyncssh.Error) as error:
+        message = f"SSH session lost while starting the agent: {type(error).__name__}: {error}"
+        raise ProviderError(ErrorKind.TRANSIENT, message.replace(token, "<token>")) from None
+
+
+def _text(output: object) -> str:
+    if isinstance(output, bytes):
+        return output.decode("utf-8", "replace")
+    return output if isinstance(output, str) else ""
+
+
+def _tail(output: object) -> str:
+    lines = [line.strip() for line in _text(output).splitlines() if line.strip()]
+    text = " | ".join(lines[-3:]) or "(no output)"
+    return text[-MAX_OUTPUT_CHARS:]
+
+
+def _worker_id(stdout: str) -> str | None:
+    try:
+        answer = json.loads(stdout)
+    except ValueError:
+        return None
+    worker_id = answer.get("worker_id") if isinstance(answer, dict) else None
+    return str(worker_id)[:128] if worker_id is not None else None
+
+
+def _trust_kind(trust: HostKeyTrust) -> HostKeyTrustKind:
+    if trust.keys:
+        return "expected"
+    return "fingerprint" if trust.fingerprints else "first-use"
+
+
+def node_client_key(provider: CloudProvider | None, keys: KeyStore, vm: str) -> asyncssh.SSHKey:
+    """The key that logs in to `vm`: the provider's own for the host (machines you own), else
+    the deployment's client key. Errors name the file, never the key."""
+    path = provider.ssh_client_key_path(vm) if isinstance(provider, SshClientKeys) else None
+    if path is None:
+        try:
+            return keys.client_key()
+        except KeyFileError as error:
+            raise ProviderError(ErrorKind.CREDENTIALS, str(error)) from None
+    try:
+        return asyncssh.read_private_key(path)
+    except (OSError, asyncssh.KeyImportError, ValueError) as error:
+        reason = error.strerror if isinstance(error, OSError) else type(error).__name__
+        raise ProviderError(
+            ErrorKind.CREDENTIALS, f"cannot use SSH key {path} for {vm}: {reason}"
+        ) from None
+
+
+def node_host_key_trust(
+    keys: KeyStore, vm: str, ssh: SshEndpoint, host_key: str | None = None
+) -> HostKeyTrust:
+    """What `vm` must present: the given key, the key injected or pinned for it, and the
+    fingerprint its cloud reports. Empty = first use."""
+    expected = []
+    try:
+        if host_key is not None:
+            expected.append(parse_public_key(host_key))
+        recorded = keys.known_host_key(vm)
+        if recorded is not None:
+            expected.append(recorded)
+        fingerprints = [ssh.host_key_fingerprint] if ssh.host_key_fingerprint else []
+        return HostKeyTrust(keys=expected, fingerprints=fingerprints)
+    except (ValueError, KeyFileError) as error:
+        raise ProviderError(ErrorKind.FAILED, f"host key of {vm}: {error}") from None

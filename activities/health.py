@@ -1,0 +1,161 @@
+"""Health of one machine: the provider's diagnosis plus an SSH probe of the node (issue 4).
+
+check_health(vm):
+1. the VM row says where the machine is (provider, region, zone);
+2. the provider's `diagnose` says what the cloud sees (findings info / warn / critical, e.g.
+   scheduled maintenance, a failed status check, a spot interruption);
+3. when the machine runs and reports an SSH endpoint, an SSH probe with the host key verified
+   (the key pinned at bootstrap, or the fingerprint the cloud reports; never first use here):
+   reachable? does the node agent answer (`agent.py probe`)? are the GPUs visible, and is the
+   GPU runtime working?
+The verdict: gone (nothing carries the identity) / unhealthy (any critical finding) / degraded
+(any warning) / healthy. Read-only: it never changes the machine or the records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from datetime import UTC, datetime
+
+import asyncssh
+from pydantic import Field
+from temporalio import activity
+
+from activities.bootstrap import AGENT_FILE, node_client_key, node_host_key_trust, remote_dir
+from activities.errors import classified
+from activities.ssh_connect import Endpoint, HostKeyMismatch, connect_verified
+from activities.ssh_keys import KeyStore
+from gpuprov.models import HealthReport
+from gpuprov.records import Records
+from providers.base import (
+    CloudProvider,
+    Diagnosis,
+    Finding,
+    InstanceStatus,
+    Location,
+    Model,
+    Severity,
+    SshEndpoint,
+)
+from providers.errors import ProviderError
+
+PROBE_TIMEOUT = 60.0  # seconds for `agent.py probe` (it bounds nvidia-smi itself)
+CONNECT_TIMEOUT = 15.0
+MAX_TEXT = 300
+
+
+class HealthInput(Model):
+    vm: str
+    expected_gpus: int | None = Field(default=None, ge=0)  # what the node reported at placement
+
+
+class HealthActivities:
+    def __init__(
+        self, providers: dict[str, CloudProvider], records: Records, keys: KeyStore | None
+    ) -> None:
+        self._providers = providers
+        self._records = records
+        self._keys = keys  # None: this worker does not reach nodes over SSH
+
+    def all(self) -> list[object]:
+        return [self.check_health]
+
+    @activity.defn(name="check_health")
+    async def check_health(self, request: HealthInput) -> HealthReport:
+        diagnosis = await self._diagnose(request.vm)
+        findings = list(diagnosis.findings)
+        instance = diagnosis.instance
+        if instance is not None and instance.status is InstanceStatus.RUNNING:
+            if instance.ssh is None:
+                findings.append(_finding(Severity.INFO, "ssh_unknown", "no SSH endpoint reported"))
+            else:
+                findings += await self._probe(request, instance.ssh)
+        report = Diagnosis(instance=instance, findings=findings)
+        return HealthReport(
+            vm=request.vm, verdict=report.verdict, findings=findings, checked_at=datetime.now(UTC)
+        )
+
+    async def _diagnose(self, vm: str) -> Diagnosis:
+        row = await asyncio.to_thread(self._records.get_vm, vm)
+        if row is None:
+            missing = _finding(Severity.CRITICAL, "unknown_vm", f"no machine recorded as {vm}")
+            return Diagnosis(instance=None, findings=[missing])
+        provider = self._providers.get(row.provider)
+        if provider is None:
+            off = _finding(Severity.WARN, "provider_off", f"{row.provider} is not enabled here")
+            return Diagnosis(instance=None, findings=[off])
+        location = Location(provider=row.provider, region=row.region, zone=row.zone)
+        with classified():
+            return await provider.diagnose(location, vm)
+
+    async def _probe(self, request: HealthInput, ssh: SshEndpoint) -> list[Finding]:
+        if self._keys is None:
+            return [_finding(Severity.INFO, "ssh_not_probed", "this worker has no SSH keys")]
+        vm = request.vm
+        try:
+            key = await asyncio.to_thread(
+                node_client_key, self._providers.get(self._provider_of(vm)), self._keys, vm
+            )
+            trust = await asyncio.to_thread(node_host_key_trust, self._keys, vm, ssh)
+        except ProviderError as error:
+            return [_finding(Severity.WARN, "ssh_not_probed", error.message)]
+        if not trust.keys and not trust.fingerprints:
+            reason = "no host key pinned or reported: not probed (bootstrap pins it)"
+            return [_finding(Severity.WARN, "ssh_not_probed", reason)]
+        endpoint = Endpoint(ssh.host, ssh.port, ssh.user)
+        try:
+            connection, _ = await connect_verified(endpoint, key, trust, CONNECT_TIMEOUT)
+        except HostKeyMismatch as mismatch:
+            return [_finding(Severity.CRITICAL, "host_key_mismatch", str(mismatch))]
+        except (OSError, asyncssh.Error, TimeoutError) as error:
+            where = f"{ssh.user}@{ssh.host}:{ssh.port}"
+            return [_finding(Severity.CRITICAL, "ssh_unreachable", f"{where}: {error}")]
+        async with connection:
+            return await _agent_findings(connection, vm, request.expected_gpus)
+
+    def _provider_of(self, vm: str) -> str:
+        row = self._records.get_vm(vm)
+        return row.provider if row is not None else ""
+
+
+async def _agent_findings(
+    connection: asyncssh.SSHClientConnection, vm: str, expected_gpus: int | None
+) -> list[Finding]:
+    command = f"python3 {remote_dir(vm)}/{AGENT_FILE} probe"
+    try:
+        result = await connection.run(command, timeout=PROBE_TIMEOUT, check=False)
+    except (asyncssh.Error, OSError, TimeoutError) as error:
+        return [_finding(Severity.WARN, "agent_not_answering", f"{command}: {error}")]
+    if result.exit_status != 0:
+        said = _text(result.stderr) or _text(result.stdout) or f"exit {result.exit_status}"
+        return [_finding(Severity.WARN, "agent_not_answering", said)]
+    try:
+        report = json.loads(_text(result.stdout, limit=None))
+        capabilities = report.get("capabilities", report)
+        gpus = list(capabilities.get("gpus") or [])
+        runtime_ok = capabilities.get("gpu_runtime_ok")
+        runtime_error = capabilities.get("gpu_runtime_error")
+    except (ValueError, AttributeError, TypeError):
+        return [_finding(Severity.WARN, "agent_not_answering", "unreadable probe output")]
+    findings = []
+    if runtime_ok is False and expected_gpus != 0:  # a GPU-less node was placed as such
+        said = str(runtime_error or "the node reports a broken GPU runtime")[:MAX_TEXT]
+        findings.append(_finding(Severity.CRITICAL, "gpu_runtime", said))
+    if expected_gpus is not None and len(gpus) < expected_gpus:
+        seen = f"{len(gpus)} GPU(s) visible, {expected_gpus} expected"
+        findings.append(_finding(Severity.CRITICAL, "gpus_missing", seen))
+    if not findings:
+        well = f"reachable over SSH; the agent answers; {len(gpus)} GPU(s) visible"
+        findings.append(_finding(Severity.INFO, "ssh_ok", well))
+    return findings
+
+
+def _finding(severity: Severity, code: str, message: str) -> Finding:
+    return Finding(severity=severity, code=code, message=message[:MAX_TEXT])
+
+
+def _text(output: object, limit: int | None = MAX_TEXT) -> str:
+    text = output.decode(errors="replace") if isinstance(output, bytes) else str(output or "")
+    text = text.strip()
+    return text if limit is None else text[-limit:]
