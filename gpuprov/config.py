@@ -74,6 +74,18 @@ class JobsSettings(Model):
 
     block_ttl_seconds: int = Field(default=900, ge=1)  # a stockout steers other jobs this long
     join_token_ttl_seconds: int = Field(default=3600, ge=1)
+    k3s: K3sSettings = Field(default_factory=lambda: K3sSettings())
+
+
+class K3sSettings(Model):
+    """The k3s profile (`profile: k3s` in a job spec): where the installer comes from and where
+    k3s keeps its state on the nodes (the installer's own defaults)."""
+
+    installer_url: str = "https://get.k3s.io"
+    data_dir: str = "/var/lib/rancher/k3s"
+    kubeconfig: str = "/etc/rancher/k3s/k3s.yaml"
+    api_port: int = Field(default=6443, ge=1, le=65535)
+    install_timeout_seconds: float = Field(default=600.0, gt=0)
 
 
 class ReconcileSettings(Model):

@@ -18,6 +18,7 @@ from activities.bootstrap import BootstrapActivities, RecordsJoinTokens
 from activities.cloud import CloudActivities
 from activities.enrolment import Enrolment
 from activities.health import HealthActivities
+from activities.k3s import K3sActivities
 from activities.reconcile import ReconcileActivities
 from activities.ssh_keys import KeyStore
 from activities.store import StoreActivities
@@ -104,8 +105,13 @@ def build_worker(
     if ssh_bootstrap and ssh_key_dir is None:
         raise ValueError("ssh_bootstrap needs ssh_key_dir (where the worker keeps its SSH keys)")
     keys = KeyStore(ssh_key_dir) if ssh_key_dir is not None else None
-    bootstrap = (
-        BootstrapActivities(providers, keys, RecordsJoinTokens(records, token_ttl), api_url).all()
+    over_ssh = (
+        [
+            *BootstrapActivities(
+                providers, keys, RecordsJoinTokens(records, token_ttl), api_url
+            ).all(),
+            *K3sActivities(providers, keys, jobs.k3s).all(),
+        ]
         if keys is not None
         else []
     )
@@ -118,7 +124,7 @@ def build_worker(
         workflows=WORKFLOWS,
         activities=[
             *cloud.all(),
-            *bootstrap,
+            *over_ssh,
             *store.all(),
             # The reconciler asks Temporal (through this worker's client) which jobs are live.
             *ReconcileActivities(providers, records, client).all(),

@@ -12,7 +12,7 @@ import tomllib
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator
@@ -79,6 +79,9 @@ class JobSpec(Model):
     # While ready, each machine's health (diagnosis + SSH probe) is checked this often and shown
     # in the status and the Temporal UI's current details; None turns it off.
     health_check_interval_seconds: int | None = Field(default=600, ge=1)
+    # "k3s": node 0 runs the k3s server, the others join it as agents (machines reached over
+    # SSH); the status says where the kubeconfig is.
+    profile: Literal["k3s"] | None = None
 
     @property
     def workflow_id(self) -> str:
@@ -318,6 +321,7 @@ class JobStatus(Model):
     error: str | None = None
     leaks: list[str] = Field(default_factory=list)  # teardown steps that did not confirm
     health: list[HealthReport] = Field(default_factory=list)  # latest check per node, when ready
+    kubeconfig: str | None = None  # k3s profile: "user@host:/path" of the kubeconfig on node 0
 
     @property
     def workflow_id(self) -> str:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -113,3 +115,23 @@ def creates_by_node(state: FakeCloudState) -> dict[str, int]:
 def assert_one_create_per_vm(cloud: FakeCloud) -> None:
     creates = cloud.state.creates_per_vm()
     assert all(count == 1 for count in creates.values()), creates
+
+
+def decoded_history(history: Any) -> str:
+    """The history as JSON with every payload's base64 data decoded next to it."""
+    document = history.to_json_dict()
+    texts = [json.dumps(document)]
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == "data" and isinstance(value, str):
+                    texts.append(base64.b64decode(value).decode("utf-8", "replace"))
+                else:
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(document)
+    return "\n".join(texts)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
@@ -27,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.cloud import CloudActivities, PlanInput
     from activities.errors import StepFailure
     from activities.health import HealthInput
+    from activities.k3s import K3sActivities, K3sInput, K3sNode
     from activities.store import (
         BlockInput,
         CostInput,
@@ -59,6 +61,10 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.selection import blocking, rank_offers
     from workflows.steps import SHORT_STEP, run_step
+
+
+K3S_STEP = timedelta(minutes=30)  # the installers on every node, with their downloads
+K3S_HEARTBEAT = timedelta(seconds=60)
 
 
 class JobFailed(Exception):
@@ -113,6 +119,7 @@ class ProvisionJob:
             else:
                 await self._provision_within_timeout()
                 metrics.provisioning_seconds("provisioned")
+            await self._set_up_profile()
             await self._mark_placed()
             self._set_state(JobState.READY, "release: signal `release` or cancel the workflow")
             await self._serve_until_released()
@@ -141,6 +148,11 @@ class ProvisionJob:
 
     async def _reserve_existing_workers(self) -> bool:
         """Idle, compatible existing workers for every node, or none at all."""
+        if self._spec.profile == "k3s":
+            # The k3s profile installs over SSH on machines the job provisions; an existing
+            # worker offers no SSH endpoint to the control plane.
+            self._set_state(JobState.PROVISIONING, "offers (the k3s profile provisions)")
+            return False
         self._set_state(JobState.PROVISIONING, "an idle, compatible existing worker")
         reserved = await run_step(
             "reserve",
@@ -186,6 +198,34 @@ class ProvisionJob:
             start_to_close_timeout=SHORT_STEP,
             retry_policy=policy.STORE_RETRY,
         )
+
+    # ------------------------------------------------------------------ profile
+
+    async def _set_up_profile(self) -> None:
+        """`profile: k3s`: node 0 runs the k3s server, the others join it (activities/k3s.py,
+        over SSH; the cluster's join token never leaves the worker)."""
+        if self._spec.profile != "k3s":
+            return
+        nodes = [node for node in self._status.live_nodes() if node.status == "running"]
+        missing = [node.vm for node in nodes if node.ssh is None]
+        if not nodes or missing:
+            raise JobFailed(f"the k3s profile needs SSH to every node; none for {missing}")
+        self._waiting(f"k3s: server on {nodes[0].vm}, {len(nodes) - 1} agent(s) joining")
+        cluster = await run_step(
+            "setup_k3s",
+            K3sActivities.setup_k3s,
+            K3sInput(
+                nodes=[
+                    K3sNode(vm=node.vm, provider=node.provider, ssh=node.ssh)
+                    for node in nodes
+                    if node.ssh is not None
+                ]
+            ),
+            start_to_close_timeout=K3S_STEP,
+            heartbeat_timeout=K3S_HEARTBEAT,
+            summary=f"k3s on {len(nodes)} node(s)",
+        )
+        self._status.kubeconfig = cluster.kubeconfig
 
     # ------------------------------------------------------------------ ready
 

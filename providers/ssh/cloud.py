@@ -108,13 +108,39 @@ class SshMachines(CloudProvider):
         return {}
 
     async def create(self, offer: Offer, prepared: dict[str, Any], spec: InstanceSpec) -> list[str]:
+        """Claim the offer's host, or, when another VM holds it, one of its equals: every node
+        of a multi-node attempt gets the same offer, and the pool serves them host by host."""
         host = self._host_of(offer)
-        holder = await self._db(self._claims.claim, host.name, spec.vm, host.region)
-        if holder != spec.vm:
-            raise ProviderError(
-                ErrorKind.CAPACITY, f"host {host.name} is held by another job ({holder})"
-            )
-        return [host.name]
+        already = await self._db(self._claims.held_in, host.region, spec.vm)
+        if already.get(spec.vm):  # a retried create: this VM holds its host already
+            return already[spec.vm][:1]
+        holders = []
+        for candidate in [host, *self._equals_of(host)]:
+            holder = await self._db(self._claims.claim, candidate.name, spec.vm, candidate.region)
+            if holder == spec.vm:
+                return [candidate.name]
+            holders.append(f"{candidate.name} by {holder}")
+        raise ProviderError(ErrorKind.CAPACITY, f"every equal host is held: {', '.join(holders)}")
+
+    def _equals_of(self, host: SshHost) -> list[SshHost]:
+        """Other hosts that can stand in for `host`: same region, GPU model and count, no dearer
+        (a host without a price stands in only for another without one)."""
+
+        def no_dearer(other: SshHost) -> bool:
+            if host.price is None or other.price is None:
+                return host.price is None and other.price is None
+            return other.price <= host.price and other.currency == host.currency
+
+        equals = [
+            other
+            for other in self.config.hosts
+            if other.name != host.name
+            and other.region == host.region
+            and (other.gpu or "").lower() == (host.gpu or "").lower()
+            and other.gpu_count == host.gpu_count
+            and no_dearer(other)
+        ]
+        return sorted(equals, key=lambda other: (other.price or 0.0, other.name))
 
     async def observe(self, location: Location, vm: str) -> list[Observed]:
         held = await self._db(self._claims.held_in, location.region, vm)

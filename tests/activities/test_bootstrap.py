@@ -8,7 +8,6 @@ job notifier is where a test looks at `ps` and /proc: the agent is alive, waitin
 from __future__ import annotations
 
 import asyncio
-import base64
 import dataclasses
 import json
 import logging
@@ -44,6 +43,7 @@ from gpuprov.db import JoinToken, WorkerRecord
 from gpuprov.engine import open_records
 from gpuprov.records import Records
 from providers.base import SshEndpoint
+from tests.helpers import decoded_history
 from tests.sshd import (
     TestServer,
     free_port,
@@ -437,26 +437,6 @@ class BootstrapOnly:
             heartbeat_timeout=timedelta(seconds=10),
             retry_policy=RetryPolicy(maximum_attempts=1),
         )
-
-
-def decoded_history(history: Any) -> str:
-    """The history as JSON with every payload's base64 data decoded next to it."""
-    document = history.to_json_dict()
-    texts = [json.dumps(document)]
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key == "data" and isinstance(value, str):
-                    texts.append(base64.b64decode(value).decode("utf-8", "replace"))
-                else:
-                    walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(document)
-    return "\n".join(texts)
 
 
 async def test_the_token_never_enters_temporal_history(

@@ -30,6 +30,7 @@ from tests.helpers import (
     OFFER_A,
     OFFER_B,
     assert_nothing_left,
+    decoded_history,
     fake_worker,
     fast_cloud,
     job,
@@ -259,8 +260,9 @@ async def test_no_secret_ever_enters_temporal_history(
     histories = []
     async for execution in client.list_workflows(f"TaskQueue = '{task_queue}'"):
         history = await client.get_workflow_handle(execution.id).fetch_history()
-        histories.append(history.to_json())
+        histories.append(decoded_history(history))
     assert len(histories) == 2  # the job and the offers query
+    assert any(f"{job_name}-a1-n0-" in text for text in histories)  # payloads are decoded
     for text in histories:
         for secret in secrets:
             assert secret not in text
