@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo dev test bench chaos lint format histories lock clean
+.PHONY: demo demo-ssh dev test bench chaos lint format histories lock clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,11 @@ $(SSHD):
 
 test: $(STAMP) $(SSHD)
 	$(BIN)/pytest -q
+
+# A job bootstrapped over real SSH on this machine: a throwaway OpenSSH sshd on loopback
+# (gpuprov/local_sshd.py), the node agent started through it. Needs root, like the SSH tests.
+demo-ssh: $(STAMP) $(SSHD)
+	$(BIN)/gpuprov demo-ssh
 
 # The performance benchmark (bench/, docs/performance.md); `make bench QUICK=1` takes a minute or two.
 bench: $(STAMP)

@@ -1,6 +1,7 @@
 """The `gpuprov` command line, built on gpuprov.client.
 
     gpuprov demo                      the whole story on the fake cloud, then a clean shutdown
+    gpuprov demo-ssh                  a job bootstrapped over real SSH (a loopback sshd; root)
     gpuprov dev                       Temporal dev server + UI + worker, until Ctrl-C
     gpuprov submit job.yaml [--wait]  start a job (workflow id job-<name>)
     gpuprov status NAME | list | release NAME | cancel NAME | offers --gpu H100
@@ -68,6 +69,10 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="run the fake-cloud failover story end to end")
     demo.add_argument("--hold", action="store_true", help="keep the UI up until Enter")
+    demo_ssh = commands.add_parser(
+        "demo-ssh", help="a job bootstrapped over real SSH on this machine (a loopback sshd)"
+    )
+    demo_ssh.add_argument("--hold", action="store_true", help="keep the UI and sshd up until Enter")
     commands.add_parser("dev", help="dev server + UI + worker, until Ctrl-C")
     submit = commands.add_parser("submit", help="submit a job spec (TOML or YAML)")
     submit.add_argument("file")
@@ -353,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "demo":
             return demo_module.main(hold=args.hold)
+        if args.command == "demo-ssh":
+            from gpuprov import demo_ssh  # loaded only for this command
+
+            return demo_ssh.main(hold=args.hold)
         settings = load_settings(args.config)
         if args.address:
             temporal = settings.temporal.model_copy(update={"address": args.address})

@@ -105,7 +105,7 @@ async def run_demo(
             handle = await client.submit(spec)
             out(f"submitted {spec.nodes}x {spec.resources.gpu} job {spec.name}")
             out(f"watch it: {stack.workflow_url(spec.workflow_id)}")
-            printer = _printer(out)
+            printer = progress_printer(out)
             status = await handle.wait_for(
                 lambda s: s.state is JobState.READY, timeout=300, on_change=printer
             )
@@ -140,7 +140,7 @@ def _cloud_ledger(config: FakeProviderConfig | None) -> str:
     )
 
 
-def _printer(out: Callable[[str], None]) -> Callable[[JobStatus], None]:
+def progress_printer(out: Callable[[str], None]) -> Callable[[JobStatus], None]:
     seen: set[str] = set()
     reported_attempts: set[int] = set()
     registered: set[str] = set()
