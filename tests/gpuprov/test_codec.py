@@ -437,7 +437,11 @@ async def test_a_job_with_the_codec_leaves_no_job_spec_plaintext_in_history(
     assert len(outside_search_attributes) > 10
     encoding = b64(ENCODING)
     plaintext = [
-        path for path, p in outside_search_attributes if p["metadata"]["encoding"] != encoding
+        path
+        for path, p in outside_search_attributes
+        if p["metadata"]["encoding"] != encoding
+        # workflow.patched markers: the SDK writes the patch id itself, outside the converter
+        and "patch-data" not in path
     ]
     assert plaintext == []
     # Search attributes are never encrypted: that is why the marker is not in one.

@@ -35,6 +35,8 @@ FULL_SPEC: dict[str, Any] = {
     "max_hourly_cost": 40.0,
     "provisioning_timeout_seconds": 1800,
     "release": "terminate_on_completion",
+    "health_check_interval_seconds": 600,
+    "profile": None,
 }
 
 YAML_SPEC = """\
@@ -116,10 +118,10 @@ def test_fewer_than_one_node_is_rejected(nodes: int) -> None:
 
 
 def test_unknown_provider_in_placement_is_rejected_naming_it() -> None:
-    message = rejected(with_changes(placement={"providers": ["fake", "aws"]}))
+    message = rejected(with_changes(placement={"providers": ["fake", "azure"]}))
     assert "placement.providers:" in message
-    assert "unknown provider 'aws'" in message
-    assert "known: fake" in message
+    assert "unknown provider 'azure'" in message
+    assert "known: fake, lambda, runpod, vast, prime, aws, gce, ssh" in message
 
 
 @pytest.mark.parametrize("cost", [0, -5.0])
