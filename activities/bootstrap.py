@@ -49,11 +49,11 @@ from activities.ssh_keys import (
 from gpuprov.records import Records
 from providers.base import CloudProvider, Model, SshEndpoint
 from providers.errors import ErrorKind, ProviderError
+from providers.ssh_common import AGENT_FILE, remote_dir
+from providers.ssh_common import REMOTE_ROOT as REMOTE_ROOT  # re-exported (tests, demo_ssh)
 
-# On the node, everything the agent needs lives in "$HOME/.gpuprov/<vm>/" of the login user
-# (providers/ssh/remote.py removes exactly that directory at cleanup).
-REMOTE_ROOT = ".gpuprov"
-AGENT_FILE = "agent.py"
+# On the node, everything the agent needs lives in remote_dir(vm), "$HOME/.gpuprov/<vm>/" of the
+# login user (providers/ssh_common.py); the ssh provider's cleanup removes exactly that.
 AGENT_TIMEOUT = 300.0  # seconds for the agent to probe and register (its own retries included)
 INSTALL_TIMEOUT = 60.0
 POLL_INTERVAL = 2.0
@@ -222,11 +222,6 @@ class BootstrapActivities:
 def agent_source() -> bytes:
     """The node agent: one standard-library file (gpuprov/agent.py)."""
     return resources.files("gpuprov").joinpath("agent.py").read_bytes()
-
-
-def remote_dir(vm: str) -> str:
-    """The VM's directory on the node, as a shell word (`$HOME` expands there)."""
-    return f'"$HOME"/{REMOTE_ROOT}/{shlex.quote(vm)}'
 
 
 def install_command(vm: str) -> str:

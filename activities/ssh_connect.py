@@ -14,28 +14,23 @@ ssh-agent, no password prompts. Only the client key handed in is offered.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import asyncssh
 
-from activities.ssh_keys import fingerprint, normalize_fingerprint
+from activities.ssh_keys import normalize_fingerprint
 from providers.errors import ErrorKind, ProviderError
+from providers.ssh_common import (
+    describe_error,
+    fingerprint,
+    host_key_algorithms,
+    isolated_options,
+)
 
 CONNECT_TIMEOUT = 10.0  # seconds per connection attempt (TCP + handshake + login)
 KEEPALIVE = 15.0
-# With no full key known, ask for host keys in OpenSSH's own order (asyncssh's default puts RSA
-# first), so a fingerprint an operator or a cloud took of the ed25519 key is the one we see.
-PREFERRED_HOST_KEY_ALGS = [
-    "ssh-ed25519",
-    "ecdsa-sha2-nistp256",
-    "ecdsa-sha2-nistp384",
-    "ecdsa-sha2-nistp521",
-    "rsa-sha2-512",
-    "rsa-sha2-256",
-]
 
 
 @dataclass
@@ -62,10 +57,9 @@ class HostKeyTrust:
         return " and ".join(sorted(set(known))) or "any key (first use)"
 
     def host_key_algorithms(self) -> list[str]:
-        """Make the server present the expected key's type (it may hold several)."""
-        if not self.keys:
-            return list(PREFERRED_HOST_KEY_ALGS)
-        return [alg.decode() for alg in self.keys[0].sig_algorithms]
+        """Make the server present the expected key's type (it may hold several); with no full
+        key known, OpenSSH's order, so a fingerprint of the ed25519 key is the one we see."""
+        return host_key_algorithms(self.keys[0] if self.keys else None)
 
 
 class HostKeyMismatch(Exception):
@@ -120,13 +114,9 @@ async def connect_verified(
                 # Non-empty-tuple form: trust nothing up front, so every key goes through
                 # validate_host_public_key (an empty value would read ~/.ssh/known_hosts).
                 known_hosts=([], [], []),
-                config=None,
-                agent_path=None,
-                password=None,
-                kbdint_auth=False,
-                preferred_auth="publickey",
                 keepalive_interval=KEEPALIVE,
                 server_host_key_algs=trust.host_key_algorithms(),
+                **isolated_options(),
             )
     except asyncssh.HostKeyNotVerifiable:
         if client.refused is not None:
@@ -169,17 +159,7 @@ async def wait_for_sshd(
         except asyncssh.PermissionDenied:
             problem = f"permission denied for {endpoint.user} with the control plane's key"
         except (OSError, TimeoutError, asyncssh.Error) as error:
-            problem = _describe(error)
+            problem = describe_error(error)
         if on_attempt is not None:
             on_attempt(problem)
         await asyncio.sleep(max(0.0, min(interval, deadline - time.time())))
-
-
-def _describe(error: BaseException) -> str:
-    if isinstance(error, TimeoutError):
-        return "timed out"
-    if isinstance(error, asyncssh.DisconnectError):
-        return f"disconnected: {error.reason}"
-    if isinstance(error, OSError) and error.errno:
-        return os.strerror(error.errno).lower()  # asyncio's own words name no reason
-    return f"{type(error).__name__}: {error}"[:300]

@@ -32,6 +32,9 @@ from pathlib import Path
 
 import asyncssh
 
+from providers.ssh_common import fingerprint as fingerprint  # re-exported for its users
+from providers.ssh_common import public_line
+
 CLIENT_KEY_NAME = "client_ed25519"
 KEY_ALGORITHM = "ssh-ed25519"
 KEY_COMMENT = "gpuprov"
@@ -50,11 +53,6 @@ def check_vm_name(vm: str) -> str:
     return vm
 
 
-def fingerprint(key: asyncssh.SSHKey) -> str:
-    """OpenSSH's `SHA256:<base64>` fingerprint of a (public or private) key."""
-    return key.get_fingerprint("sha256")
-
-
 def normalize_fingerprint(value: str) -> str:
     """`SHA256:abc` as OpenSSH prints it (trailing `=` dropped); ValueError if not one."""
     text = value.strip()
@@ -69,10 +67,6 @@ def parse_public_key(text: str) -> asyncssh.SSHKey:
         return asyncssh.import_public_key(text.strip())
     except (asyncssh.KeyImportError, ValueError) as error:
         raise ValueError(f"not an OpenSSH public key: {error}") from None
-
-
-def public_line(key: asyncssh.SSHKey) -> str:
-    return key.export_public_key("openssh").decode().strip()
 
 
 def host_key_cloud_config(host_key: asyncssh.SSHKey, authorized_keys: list[str]) -> str:

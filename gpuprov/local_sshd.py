@@ -27,6 +27,8 @@ from pathlib import Path
 
 import asyncssh
 
+from providers.ssh_common import public_line
+
 SSHD = Path("/usr/sbin/sshd")
 PRIVSEP_DIR = Path("/run/sshd")
 START_TIMEOUT = 10.0
@@ -48,10 +50,6 @@ def write_private_key(path: Path, key: asyncssh.SSHKey) -> Path:
     path.write_bytes(key.export_private_key("openssh"))
     path.chmod(0o600)
     return path
-
-
-def public_line(key: asyncssh.SSHKey) -> str:
-    return key.export_public_key("openssh").decode().strip()
 
 
 @dataclass

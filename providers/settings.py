@@ -4,17 +4,22 @@ Each cloud's own section model lives beside its adapter (`providers/<id>/config.
 derives from `ProviderSettings`; gpuprov/config.py gathers them under `[providers]`. Credentials
 come from the setting itself, a file it names, or the cloud's conventional environment variable,
 in that order; a cloud without any is skipped (`MissingCredentials`), never half-built.
+
+Every section also declares the cloud's timing hints (`TimingHints`: boot_timeout,
+delete_timeout, poll_interval, each with that cloud's own default); `capabilities_from` hands
+them to the core in an adapter's `capabilities()`.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Protocol
 
 from pydantic import SecretStr
 
-from providers.base import Model
+from providers.base import Capabilities, Model
 
 
 class MissingCredentials(Exception):
@@ -43,6 +48,28 @@ class ApiKeySettings(ProviderSettings):
         if key is None:
             raise MissingCredentials(f"no API key: set {env_var}, or api_key_file or api_key")
         return key
+
+
+class TimingHints(Protocol):
+    """The timing hints every provider section declares, in seconds, with its own defaults."""
+
+    boot_timeout: float  # until Running
+    delete_timeout: float  # until gone
+    poll_interval: float  # between observe calls
+
+
+def capabilities_from(
+    config: TimingHints, *, unsupported: Iterable[str] = (), node_agent: bool = False
+) -> Capabilities:
+    """An adapter's Capabilities: what it cannot do, and its section's timing hints (the core's
+    wait bounds)."""
+    return Capabilities(
+        unsupported=list(unsupported),
+        node_agent=node_agent,
+        boot_timeout=config.boot_timeout,
+        delete_timeout=config.delete_timeout,
+        poll_interval=config.poll_interval,
+    )
 
 
 def resolve_secret(

@@ -40,7 +40,6 @@ from providers.aws import parse, resources
 from providers.aws.client import Ec2Api, StaticCredentials, check_chain
 from providers.aws.config import AwsConfig
 from providers.aws.pricing import Prices
-from providers.aws.userdata import MAX_USER_DATA_BYTES, user_data
 from providers.base import (
     Capabilities,
     CloudProvider,
@@ -54,12 +53,15 @@ from providers.base import (
     compatibility_reasons,
 )
 from providers.errors import ErrorKind, ProviderError
+from providers.settings import capabilities_from
+from providers.userdata import user_data
 
 log = logging.getLogger(__name__)
 
 PROVIDER_ID = "aws"
 GONE = frozenset({"InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"})
 TYPES_PER_CALL = 100  # DescribeInstanceTypes takes at most 100 names
+MAX_USER_DATA_BYTES = 16 * 1024  # EC2's limit on raw user data (before base64)
 Catalogue = dict[str, tuple[parse.Shape, set[str]]]  # type -> (shape, zones offering it)
 
 
@@ -100,12 +102,7 @@ class AwsCloud(CloudProvider):
         self._catalogues: dict[str, tuple[float, Catalogue]] = {}
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            node_agent=False,
-            boot_timeout=self.config.boot_timeout,
-            delete_timeout=self.config.delete_timeout,
-            poll_interval=self.config.poll_interval,
-        )
+        return capabilities_from(self.config)
 
     async def aclose(self) -> None:
         await self._api.aclose()
@@ -281,13 +278,8 @@ class AwsCloud(CloudProvider):
         else:
             # A node that powers itself off is gone, not a stopped machine still billing EBS.
             params["InstanceInitiatedShutdownBehavior"] = "terminate"
-        if (document := user_data(spec)) is not None:
-            if len(document.encode()) > MAX_USER_DATA_BYTES:
-                raise ProviderError(
-                    ErrorKind.INVALID_REQUEST,
-                    f"user data is {len(document.encode())} bytes; EC2 takes at most "
-                    f"{MAX_USER_DATA_BYTES}",
-                )
+        document = user_data(spec, max_bytes=MAX_USER_DATA_BYTES, cloud="EC2")
+        if document is not None:
             params["UserData"] = document
         return params
 

@@ -41,6 +41,7 @@ from providers.base import (
 from providers.errors import ErrorKind, ProviderError
 from providers.fake.agent import register, simulated_capabilities
 from providers.fake.state import FakeCloudState, InstanceRow
+from providers.settings import capabilities_from
 
 PROVIDER_ID = "fake"
 PRICE_SOURCE = "simulated"
@@ -55,12 +56,7 @@ class FakeCloud(CloudProvider):
         self._agents: dict[str, asyncio.Task[None]] = {}  # instance id -> registering agent
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            node_agent=self.config.simulate_agent,
-            boot_timeout=self.config.boot_timeout,
-            delete_timeout=self.config.delete_timeout,
-            poll_interval=self.config.poll_interval,
-        )
+        return capabilities_from(self.config, node_agent=self.config.simulate_agent)
 
     async def aclose(self) -> None:
         for task in self._agents.values():

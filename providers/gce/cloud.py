@@ -70,6 +70,7 @@ from providers.gce.parse import (
     read,
 )
 from providers.gce.pricing import PriceBook
+from providers.settings import capabilities_from
 
 CHAIN = 3  # request ids tried per call when earlier ones ended in a retryable failure
 EVENTS_LISTED = 50
@@ -97,12 +98,7 @@ class GceCloud(CloudProvider):
         self.prices = PriceBook(self.client, config.billing_base_url, config.price_cache_seconds)
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            node_agent=False,
-            boot_timeout=self.config.boot_timeout,
-            delete_timeout=self.config.delete_timeout,
-            poll_interval=self.config.poll_interval,
-        )
+        return capabilities_from(self.config)
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -6,8 +6,9 @@
   `provisioningModel: SPOT` and `instanceTerminationAction`;
 - identity: `labels` (`gpuprov_vm`, `gpuprov_job`, the spec's labels) on the instance and its
   boot disk, the per-VM network tag in `tags.items`, and the full identity in metadata;
-- metadata: `ssh-keys` (`<ssh_user>:<public key>`) and `user-data` (userdata.py: the spec's
-  cloud-init user data and the node's bootstrap, which cloud-init writes to a root-only file).
+- metadata: `ssh-keys` (`<ssh_user>:<public key>`) and `user-data` (providers/userdata.py: the
+  spec's cloud-init user data and the node's bootstrap, which cloud-init writes to a root-only
+  file; cloud-init's GCE data source reads the `user-data` key on Ubuntu images).
   Metadata is readable by anyone who may read the instance (and by the VM itself), so the token
   is single-use and short-lived by design; it is never logged and never returned.
 """
@@ -20,7 +21,9 @@ from providers.base import InstanceSpec, Offer
 from providers.gce.auth import SCOPES
 from providers.gce.config import GceConfig
 from providers.gce.identity import VM_METADATA_KEY, network_tag, user_labels
-from providers.gce.userdata import user_data
+from providers.userdata import user_data
+
+MAX_USER_DATA_BYTES = 256 * 1024  # Compute Engine's limit on one metadata value
 
 
 def instance_body(
@@ -88,6 +91,6 @@ def _metadata(config: GceConfig, spec: InstanceSpec) -> list[dict[str, str]]:
     items = [{"key": VM_METADATA_KEY, "value": spec.vm}]
     if spec.ssh_public_key:
         items.append({"key": "ssh-keys", "value": f"{config.ssh_user}:{spec.ssh_public_key}"})
-    if (document := user_data(spec)) is not None:
+    if document := user_data(spec, max_bytes=MAX_USER_DATA_BYTES, cloud="GCE metadata"):
         items.append({"key": "user-data", "value": document})
     return items

@@ -12,7 +12,8 @@ Primitive -> Lambda calls (base `https://cloud.lambda.ai/api/v1`, `Authorization
   (22) and ICMP by default.
 - create: `POST /instance-operations/launch` with `region_name`, `instance_type_name`, exactly
   one `ssh_key_names` entry, `name = gpuprov-<vm>`, `tags` (`gpuprov-vm = <vm>` plus the spec's
-  labels), the image, and `user_data` (the spec's, and the node bootstrap; never logged).
+  labels), the image, and `user_data` (providers/userdata.py: the spec's, and the node
+  bootstrap; never logged).
   Launches are spaced `min_launch_interval` (12 s) apart. Launch is NOT idempotent: after an
   ambiguous answer the core's retried create observes by name/tag first and adopts.
 - observe: `GET /instances` (the whole account, one call, no pagination), filtered by the
@@ -52,15 +53,16 @@ from providers.base import (
     Severity,
 )
 from providers.errors import ErrorKind, ProviderError
-from providers.settings import MissingCredentials
+from providers.settings import MissingCredentials, capabilities_from
+from providers.userdata import user_data
 
 from . import parse
 from .client import LambdaClient
 from .config import LambdaConfig
 from .errors import Gone, Op, redacted
-from .userdata import user_data
 
 MAX_PUBLIC_KEY = 4096  # Lambda's limit on an SSH public key
+MAX_USER_DATA = 1_000_000  # bytes; Lambda refuses user data over 1 MB
 _UUID = re.compile(
     r"[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}"
 )
@@ -105,13 +107,7 @@ class LambdaCloud(CloudProvider):
         )
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            unsupported=["spot"],
-            node_agent=False,
-            boot_timeout=self.config.boot_timeout,
-            delete_timeout=self.config.delete_timeout,
-            poll_interval=self.config.poll_interval,
-        )
+        return capabilities_from(self.config, unsupported=["spot"])
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -154,7 +150,7 @@ class LambdaCloud(CloudProvider):
         }
         if ready.image:
             body["image"] = ready.image
-        text = user_data(spec)
+        text = user_data(spec, max_bytes=MAX_USER_DATA, cloud="Lambda")
         if text is not None:
             body["user_data"] = text
         try:

@@ -79,6 +79,7 @@ from providers.prime.parse import (
     validated,
     vm_of,
 )
+from providers.settings import capabilities_from
 
 log = logging.getLogger(__name__)
 
@@ -103,13 +104,7 @@ class PrimeCloud(CloudProvider):
         self._client = PrimeClient(config.base_url, key, config.request_timeout, transport)
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            unsupported=["user_data"],
-            node_agent=False,
-            boot_timeout=self.config.boot_timeout,
-            delete_timeout=self.config.delete_timeout,
-            poll_interval=self.config.poll_interval,
-        )
+        return capabilities_from(self.config, unsupported=["user_data"])
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -50,6 +50,7 @@ from providers.runpod import parse
 from providers.runpod.client import RunPodClient
 from providers.runpod.config import RunPodConfig
 from providers.runpod.errors import Operation, unreadable
+from providers.settings import capabilities_from
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +77,7 @@ class RunPodCloud(CloudProvider):
         self._client = client
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            unsupported=["spot", "user_data"],
-            node_agent=False,
-            boot_timeout=self.config.boot_timeout,
-            delete_timeout=self.config.delete_timeout,
-            poll_interval=self.config.poll_interval,
-        )
+        return capabilities_from(self.config, unsupported=["spot", "user_data"])
 
     async def aclose(self) -> None:
         await self._client.aclose()

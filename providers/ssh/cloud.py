@@ -50,10 +50,11 @@ from providers.base import (
     SshEndpoint,
 )
 from providers.errors import ErrorKind, ProviderError
-from providers.settings import MissingCredentials
+from providers.settings import MissingCredentials, capabilities_from
 from providers.ssh import remote
 from providers.ssh.claims import ClaimStore
 from providers.ssh.config import SshConfig, SshHost
+from providers.ssh_common import describe_error, public_line
 
 PROVIDER_ID = "ssh"
 PRICE_SOURCE = "config"
@@ -84,13 +85,8 @@ class SshMachines(CloudProvider):
         self._reached: set[tuple[str, str]] = set()  # (vm, host) already marked reached
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            unsupported=["spot", "user_data"],
-            node_agent=False,  # set once the core runs activities/bootstrap.py after running
-            boot_timeout=self.config.boot_timeout,
-            delete_timeout=self.config.delete_timeout,
-            poll_interval=self.config.poll_interval,
-        )
+        # node_agent: the core sets it, with ssh_bootstrap, when it runs activities/bootstrap.py.
+        return capabilities_from(self.config, unsupported=["spot", "user_data"])
 
     async def aclose(self) -> None:
         self._claims.close()
@@ -231,12 +227,12 @@ class SshMachines(CloudProvider):
                 )
             except (OSError, TimeoutError, asyncssh.Error) as error:
                 raise ProviderError(
-                    ErrorKind.TRANSIENT, f"{where} unreachable: {_describe(error)}"
+                    ErrorKind.TRANSIENT, f"{where} unreachable: {describe_error(error)}"
                 ) from None
         problem = remote.judge(host, presented, pinned)
         unconfigured = host.host_key is None and host.host_key_fingerprint is None
         if unconfigured and pinned is None:  # first contact: pin it (a racing pin wins)
-            recorded = await self._db(self._claims.pin, where, remote.public_line(presented))
+            recorded = await self._db(self._claims.pin, where, public_line(presented))
             problem = remote.judge(host, presented, recorded)
         if problem is not None:
             raise ProviderError(ErrorKind.FAILED, f"{where}: {problem}")
@@ -261,7 +257,7 @@ class SshMachines(CloudProvider):
             ) from None
         except (OSError, TimeoutError, asyncssh.Error) as error:
             raise ProviderError(
-                ErrorKind.FAILED, f"cleanup of {vm} on {host.name}: {_describe(error)}"
+                ErrorKind.FAILED, f"cleanup of {vm} on {host.name}: {describe_error(error)}"
             ) from None
         if result.exit_status != 0:
             raise ProviderError(
@@ -309,13 +305,3 @@ def _offer(host: SshHost, now: datetime) -> Offer:
 
 def _offer_order(offer: Offer) -> tuple[bool, float, str]:
     return (offer.price is None, offer.price.amount if offer.price else 0.0, offer.id)
-
-
-def _describe(error: BaseException) -> str:
-    if isinstance(error, TimeoutError):
-        return "timed out"
-    if isinstance(error, asyncssh.DisconnectError):
-        return f"disconnected: {error.reason}"
-    if isinstance(error, OSError) and error.errno:
-        return os.strerror(error.errno).lower()  # asyncio's own words name no reason
-    return f"{type(error).__name__}: {error}"[:300]

@@ -16,21 +16,16 @@ from dataclasses import dataclass
 import asyncssh
 
 from providers.ssh.config import SshHost
+from providers.ssh_common import (
+    AGENT_FILE,
+    REMOTE_ROOT,
+    fingerprint,
+    host_key_algorithms,
+    isolated_options,
+    remote_dir,
+)
 
-# The node agent's home on a machine, "$HOME/.gpuprov/<vm>/" of the login user: must equal
-# activities/bootstrap.REMOTE_ROOT (tests/providers/ssh checks that they agree).
-REMOTE_ROOT = ".gpuprov"
 CLEANUP_TIMEOUT = 30.0
-# Unless a full key is known, ask for host keys in OpenSSH's own order (asyncssh's default puts
-# RSA first): a configured fingerprint of the ed25519 key then matches what we are shown.
-PREFERRED_HOST_KEY_ALGS = [
-    "ssh-ed25519",
-    "ecdsa-sha2-nistp256",
-    "ecdsa-sha2-nistp384",
-    "ecdsa-sha2-nistp521",
-    "rsa-sha2-512",
-    "rsa-sha2-256",
-]
 
 
 @dataclass
@@ -42,22 +37,11 @@ class HostKeyCheck:
 
     @property
     def fingerprint(self) -> str:
-        return self.key.get_fingerprint("sha256")
+        return fingerprint(self.key)
 
 
 def address(host: SshHost) -> str:
     return f"{host.host}:{host.port}"
-
-
-def public_line(key: asyncssh.SSHKey) -> str:
-    return key.export_public_key("openssh").decode().strip()
-
-
-def algorithms(key: asyncssh.SSHKey | None) -> list[str]:
-    """The host key algorithms to ask for: `key`'s type, else OpenSSH's preference order."""
-    if key is None:
-        return list(PREFERRED_HOST_KEY_ALGS)
-    return [alg.decode() for alg in key.sig_algorithms]
 
 
 async def presented_host_key(
@@ -67,7 +51,7 @@ async def presented_host_key(
     the server is asked for that key's type. Raises OSError / TimeoutError / asyncssh.Error."""
     async with asyncio.timeout(timeout):
         key = await asyncssh.get_server_host_key(
-            host.host, host.port, config=None, server_host_key_algs=algorithms(expected)
+            host.host, host.port, config=None, server_host_key_algs=host_key_algorithms(expected)
         )
     if key is None:  # a key exchange without a host key (GSS): nothing to verify
         raise asyncssh.ProtocolError("the server presented no host key")
@@ -76,11 +60,11 @@ async def presented_host_key(
 
 def judge(host: SshHost, presented: asyncssh.SSHKey, pinned: str | None) -> str | None:
     """Why `presented` is not trusted for `host`, or None. `pinned`: the recorded key line."""
-    got = presented.get_fingerprint("sha256")
+    got = fingerprint(presented)
     if host.host_key is not None:
         expected = asyncssh.import_public_key(host.host_key)
         if expected.public_data != presented.public_data:
-            return f"host key {got} is not the configured {expected.get_fingerprint('sha256')}"
+            return f"host key {got} is not the configured {fingerprint(expected)}"
         return None
     if host.host_key_fingerprint is not None:
         if got != host.host_key_fingerprint:
@@ -90,7 +74,7 @@ def judge(host: SshHost, presented: asyncssh.SSHKey, pinned: str | None) -> str 
         recorded = asyncssh.import_public_key(pinned)
         if recorded.public_data != presented.public_data:
             return (
-                f"host key changed: {got}, pinned {recorded.get_fingerprint('sha256')} "
+                f"host key changed: {got}, pinned {fingerprint(recorded)} "
                 "(if the machine was re-installed on purpose, unpin it)"
             )
     return None
@@ -117,22 +101,18 @@ async def run_trusted(
             username=host.user,
             client_keys=[client_key],
             known_hosts=([trusted], [], []),
-            server_host_key_algs=algorithms(trusted),
-            config=None,
-            agent_path=None,
-            password=None,
-            kbdint_auth=False,
-            preferred_auth="publickey",
+            server_host_key_algs=host_key_algorithms(trusted),
+            **isolated_options(),
         ) as connection:
             return await connection.run(command)
 
 
 def cleanup_command(vm: str) -> str:
-    """Stop the VM's agent if it still runs and remove its directory; nothing else."""
-    directory = f'"$HOME"/{REMOTE_ROOT}/{shlex.quote(vm)}'
+    """Stop the VM's agent if it still runs and remove its directory (where activities/
+    bootstrap.py installed it); nothing else."""
     # `[.]` instead of `\.`: the pattern then cannot match this very command line.
-    pattern = shlex.quote(f"[.]gpuprov/{vm.replace('.', '[.]')}/agent[.]py")
+    path = "/".join(part.replace(".", "[.]") for part in (REMOTE_ROOT, vm, AGENT_FILE))
     return (
-        f"if command -v pkill >/dev/null 2>&1; then pkill -f -- {pattern}; fi; "
-        f'rm -rf -- {directory} && {{ rmdir "$HOME"/{REMOTE_ROOT} 2>/dev/null; true; }}'
+        f"if command -v pkill >/dev/null 2>&1; then pkill -f -- {shlex.quote(path)}; fi; "
+        f'rm -rf -- {remote_dir(vm)} && {{ rmdir "$HOME"/{REMOTE_ROOT} 2>/dev/null; true; }}'
     )

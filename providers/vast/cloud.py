@@ -47,6 +47,7 @@ from providers.base import (
     vm_label,
 )
 from providers.errors import ErrorKind, ProviderError
+from providers.settings import capabilities_from
 from providers.vast import launch, parse
 from providers.vast.client import VastClient
 from providers.vast.config import VastConfig
@@ -74,13 +75,7 @@ class VastCloud(CloudProvider):
         self._taken = TakenListings()
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(
-            unsupported=["spot"],
-            node_agent=False,
-            boot_timeout=self.config.boot_timeout,
-            delete_timeout=self.config.delete_timeout,
-            poll_interval=self.config.poll_interval,
-        )
+        return capabilities_from(self.config, unsupported=["spot"])
 
     async def aclose(self) -> None:
         await self._client.aclose()

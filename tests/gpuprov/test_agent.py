@@ -691,7 +691,7 @@ def token_file(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
     [
         (f"{TOKEN}\n", None, None),
         (f"\n  {TOKEN}  \n", None, None),
-        # cloud-init's /etc/gpuprov/join.env (providers/aws/userdata.py), quoted or exported
+        # cloud-init's /etc/gpuprov/join.env (providers/userdata.py), quoted or exported
         (f"GPUPROV_API_URL=http://cp:8080\nGPUPROV_JOIN_TOKEN={TOKEN}\nGPUPROV_VM=j-a1-n0\n",
          "http://cp:8080", "j-a1-n0"),
         (f"export GPUPROV_JOIN_TOKEN='{TOKEN}'\n", None, None),

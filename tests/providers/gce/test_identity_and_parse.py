@@ -134,29 +134,3 @@ def test_operations_read_done_and_failure():
     assert read(Operation, bodies.operation("RUNNING"), "wait").failure("wait") is None
     failed = read(Operation, bodies.STOCKOUT_OPERATION, "wait")
     assert failed.done and failed.failure("wait").kind is ErrorKind.CAPACITY
-
-
-def test_user_data_is_the_specs_own_or_the_bootstrap_or_both():
-    import json
-
-    from providers.base import InstanceSpec, NodeBootstrap
-    from providers.gce.userdata import user_data
-
-    plain = InstanceSpec(vm="v", job="j", node_index=0, attempt=1)
-    assert user_data(plain) is None
-    own = plain.model_copy(update={"user_data": "#!/bin/sh\necho hi\n"})
-    assert user_data(own) == "#!/bin/sh\necho hi\n"
-    boot = NodeBootstrap(api_url="https://api.example/x?y='\"", join_token="tok")
-    joined = plain.model_copy(update={"bootstrap": boot})
-    document = user_data(joined)
-    assert document is not None and document.startswith("#cloud-config\n")
-    write = json.loads(document.removeprefix("#cloud-config\n"))["write_files"][0]
-    assert (write["path"], write["permissions"]) == ("/etc/gpuprov/join.env", "0600")
-    assert write["content"] == (
-        "GPUPROV_API_URL=https://api.example/x?y='\"\nGPUPROV_JOIN_TOKEN=tok\nGPUPROV_VM=v\n"
-    )
-    both = user_data(own.model_copy(update={"bootstrap": boot}))
-    assert both is not None and "text/x-shellscript" in both and "text/cloud-config" in both
-    with pytest.raises(ProviderError) as caught:
-        user_data(plain.model_copy(update={"user_data": "x" * 300_000}))
-    assert caught.value.kind is ErrorKind.INVALID_REQUEST

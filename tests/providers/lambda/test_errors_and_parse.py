@@ -1,21 +1,21 @@
-"""Pure tests: the error table, Retry-After, identity names, GPU names, prices, user data."""
+"""Pure tests: the error table, Retry-After, identity names, GPU names, prices.
+
+The launch's user data is built by providers/userdata.py (tests/providers/test_userdata.py)."""
 
 from __future__ import annotations
 
-import email
 import importlib
 from datetime import UTC, datetime
 
 import pytest
 
-from providers.base import InstanceSpec, InstanceStatus, NodeBootstrap
+from providers.base import InstanceStatus
 from providers.errors import ErrorKind, ProviderError
 
 from . import fixtures as fx
 
 errors = importlib.import_module("providers.lambda.errors")
 parse = importlib.import_module("providers.lambda.parse")
-userdata = importlib.import_module("providers.lambda.userdata")
 Op = errors.Op
 NOW = datetime(2026, 8, 1, tzinfo=UTC)
 
@@ -176,31 +176,3 @@ def test_an_active_instance_with_a_bogus_ip_is_not_given_an_ssh_host():
     instance = parse.Instance.model_validate(fx.instance("i", ip="evil; rm -rf /"))
     seen = parse.observed(instance)
     assert seen.status is InstanceStatus.PENDING and seen.ssh is None
-
-
-# ---------------------------------------------------------------- user data
-
-
-def spec(**fields) -> InstanceSpec:
-    return InstanceSpec(vm="v-a1-n0-1", job="v", node_index=0, attempt=1, **fields)
-
-
-def test_user_data_is_the_specs_own_or_the_bootstrap_or_both():
-    assert userdata.user_data(spec()) is None
-    assert userdata.user_data(spec(user_data="#cloud-config\n{}")) == "#cloud-config\n{}"
-    boot = NodeBootstrap(api_url="http://api:8080", join_token="tok")
-    alone = userdata.user_data(spec(bootstrap=boot))
-    assert alone.startswith("#cloud-config\n") and "GPUPROV_JOIN_TOKEN=tok" in alone
-    both = email.message_from_string(
-        userdata.user_data(spec(user_data="#!/bin/sh\n", bootstrap=boot))
-    )
-    assert [p.get_content_type() for p in both.get_payload()] == [
-        "text/x-shellscript",
-        "text/cloud-config",
-    ]
-
-
-def test_user_data_over_lambdas_limit_is_invalid_request():
-    with pytest.raises(ProviderError) as caught:
-        userdata.user_data(spec(user_data="#!/bin/sh\n" + "x" * 1_000_001))
-    assert caught.value.kind is ErrorKind.INVALID_REQUEST

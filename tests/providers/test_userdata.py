@@ -1,0 +1,150 @@
+"""providers/userdata.py: the cloud-init user data aws, gce and lambda create machines with."""
+
+from __future__ import annotations
+
+import email
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from providers.base import InstanceSpec, NodeBootstrap
+from providers.errors import ErrorKind, ProviderError
+from providers.userdata import JOIN_ENV_PATH, part_subtype, user_data
+
+LIMIT = 16 * 1024
+BOOT = NodeBootstrap(api_url="https://api.example/x?y='\"", join_token="tok-s3cret")
+
+
+def spec(**fields) -> InstanceSpec:
+    return InstanceSpec(vm="v-a1-n0-1", job="v", node_index=0, attempt=1, **fields)
+
+
+def build(node: InstanceSpec, max_bytes: int = LIMIT) -> str | None:
+    return user_data(node, max_bytes=max_bytes, cloud="TestCloud")
+
+
+def parts(document: str) -> list[email.message.Message]:
+    archive = email.message_from_string(document)
+    assert archive.get_content_type() == "multipart/mixed"
+    return archive.get_payload()
+
+
+def text_of(part: email.message.Message) -> str:
+    return part.get_payload(decode=True).decode("utf-8")
+
+
+def test_nothing_to_pass_is_none_and_the_specs_own_alone_goes_untouched():
+    assert build(spec()) is None
+    assert build(spec(user_data="")) is None
+    assert build(spec(user_data="#cloud-config\n{}")) == "#cloud-config\n{}"
+    assert build(spec(user_data="#!/bin/sh\necho hi\n")) == "#!/bin/sh\necho hi\n"
+
+
+def test_the_bootstrap_writes_a_root_only_join_env_the_agent_reads():
+    (part,) = parts(build(spec(bootstrap=BOOT)))
+    assert part.get_content_type() == "text/cloud-config"
+    config = text_of(part)
+    assert config.startswith("#cloud-config\n")
+    (write,) = json.loads(config.removeprefix("#cloud-config\n"))["write_files"]
+    assert write == {
+        "path": JOIN_ENV_PATH,
+        "permissions": "0600",
+        "owner": "root:root",
+        # the URL's quotes survive: JSON is YAML, nothing is quoted by hand
+        "content": "GPUPROV_API_URL=https://api.example/x?y='\"\n"
+        "GPUPROV_JOIN_TOKEN=tok-s3cret\nGPUPROV_VM=v-a1-n0-1\n",
+    }
+    assert JOIN_ENV_PATH == "/etc/gpuprov/join.env"
+
+
+def test_with_both_the_bootstrap_comes_first_then_the_specs_own_part():
+    document = build(spec(user_data="#!/bin/sh\necho hi\n", bootstrap=BOOT))
+    both = parts(document)
+    assert [p.get_content_type() for p in both] == ["text/cloud-config", "text/x-shellscript"]
+    assert "GPUPROV_JOIN_TOKEN=tok-s3cret" in text_of(both[0])
+    assert text_of(both[1]) == "#!/bin/sh\necho hi\n"
+
+
+def test_the_same_spec_gives_byte_identical_user_data_and_another_token_another_boundary():
+    # EC2 refuses a retried RunInstances whose ClientToken matches but whose user data differs.
+    node = spec(user_data="#cloud-config\npackages: [htop]\n", bootstrap=BOOT)
+    first, again = build(node), build(node.model_copy())
+    assert first == again
+    boundary = email.message_from_string(first).get_boundary()
+    assert boundary.startswith("gpuprov-") and len(boundary) == len("gpuprov-") + 32
+    other = node.model_copy(
+        update={"bootstrap": NodeBootstrap(api_url=BOOT.api_url, join_token="tok-2")}
+    )
+    assert email.message_from_string(build(other)).get_boundary() != boundary
+
+
+@pytest.mark.parametrize(
+    ("text", "subtype"),
+    [
+        ("#cloud-config\n{}", "cloud-config"),
+        ("#cloud-config-archive\n[]", "cloud-config-archive"),
+        ("#!/usr/bin/env python3\n", "x-shellscript"),
+        ("#include\nhttps://example.com/x", "x-include-url"),
+        ("#include-once\nhttps://example.com/x", "x-include-once-url"),
+        ("#cloud-boothook\n#!/bin/sh\n", "cloud-boothook"),
+        ("#part-handler\n", "part-handler"),
+        ("just words", "plain"),  # text/plain: cloud-init guesses the type itself
+    ],
+)
+def test_a_part_is_typed_by_its_first_line_as_cloud_init_does(text, subtype):
+    assert part_subtype(text) == subtype
+    (_, part) = parts(build(spec(user_data=text, bootstrap=BOOT)))
+    assert part.get_content_subtype() == subtype and text_of(part) == text
+
+
+def test_non_ascii_user_data_survives_the_archive():
+    text = "#!/bin/sh\necho 'héllo, 世界'\n"
+    (_, part) = parts(build(spec(user_data=text, bootstrap=BOOT)))
+    assert text_of(part) == text
+
+
+def test_over_the_clouds_limit_is_invalid_request_naming_sizes_not_the_token():
+    with pytest.raises(ProviderError) as caught:
+        build(spec(user_data="#!/bin/sh\n" + "x" * 2000, bootstrap=BOOT), max_bytes=1000)
+    error = caught.value
+    assert error.kind is ErrorKind.INVALID_REQUEST
+    assert "TestCloud accepts at most 1000" in error.message and "v-a1-n0-1" in error.message
+    assert "tok-s3cret" not in str(error)
+    # exactly at the limit is fine; one byte past it is not
+    own = "#!/bin/sh\n" + "x" * 90
+    assert build(spec(user_data=own), max_bytes=100) == own
+    with pytest.raises(ProviderError):
+        build(spec(user_data=own + "x"), max_bytes=100)
+
+
+def test_user_data_that_is_not_utf8_text_is_invalid_request():
+    with pytest.raises(ProviderError) as caught:
+        build(spec(user_data="#!/bin/sh\necho \udcff\n", bootstrap=BOOT))
+    assert caught.value.kind is ErrorKind.INVALID_REQUEST
+
+
+@settings(max_examples=60, deadline=None)
+@given(own=st.text(max_size=300), token=st.text("abcdefXYZ0123456789-_", min_size=1, max_size=40))
+def test_any_own_user_data_round_trips_beside_the_bootstrap(own, token):
+    boot = NodeBootstrap(api_url="http://api:8080", join_token=token)
+    node = spec(user_data=own, bootstrap=boot)
+    try:
+        own.encode("utf-8")
+    except UnicodeEncodeError:
+        with pytest.raises(ProviderError):
+            build(node, max_bytes=10**6)
+        return
+    document = build(node, max_bytes=10**6)
+    assert document == build(node, max_bytes=10**6)
+    texts = [text_of(p) for p in parts(document)]
+    (write,) = json.loads(texts[0].removeprefix("#cloud-config\n"))["write_files"]
+    assert f"\nGPUPROV_JOIN_TOKEN={token}\n" in write["content"]
+    assert texts[1:] == ([own] if own else [])
+
+
+def test_line_ends_reach_cloud_init_as_the_spec_wrote_them():
+    text = "#!/bin/sh\r\necho hi\r\n"
+    (_, part) = parts(build(spec(user_data=text, bootstrap=BOOT)))
+    assert text_of(part) == text
