@@ -8,9 +8,10 @@ passes its cloud's size limit and name; everything else is the same on every clo
   writes `/etc/gpuprov/join.env` (root:root, 0600), the env file the node agent reads with
   `--token-file` (gpuprov/agent.py).
 - The spec's own user data, alone, goes to the cloud untouched.
-- With a bootstrap, the result is a MIME multi-part archive (the bootstrap first, then the
-  spec's own), which cloud-init runs part by part; a part's type comes from its first line, the
-  way cloud-init itself tells them apart (text/plain, cloud-init's own guess, otherwise).
+- With a bootstrap, the result is a MIME multi-part archive (the spec's own first, then the
+  bootstrap, whose `merge_how` appends its write_files to any the spec's cloud-config has),
+  which cloud-init runs part by part; a part's type comes from its first line, the way
+  cloud-init itself tells them apart (text/plain, cloud-init's own guess, otherwise).
 - The same spec always gives byte-identical user data: the MIME boundary is derived from the
   content, never random. EC2 needs this (a retried RunInstances with the same ClientToken but
   other user data fails with IdempotentParameterMismatch); elsewhere retries stay comparable.
@@ -54,7 +55,10 @@ def user_data(spec: InstanceSpec, *, max_bytes: int, cloud: str) -> str | None:
     if spec.bootstrap is None:
         document = own
     else:
-        document = _multipart([bootstrap_cloud_config(spec), *([own] if own else [])])
+        # The bootstrap part goes last and says how to merge: cloud-init merges each part onto
+        # the ones before it, by default replacing lists, so a spec whose own cloud-config has
+        # write_files would otherwise drop (or be dropped by) join.env.
+        document = _multipart([*([own] if own else []), bootstrap_cloud_config(spec)])
     if document is None:
         return None
     size = len(_utf8(document, spec.vm))
@@ -75,8 +79,12 @@ def bootstrap_cloud_config(spec: InstanceSpec) -> str:
         f"GPUPROV_VM={spec.vm}\n"
     )
     write = {"path": JOIN_ENV_PATH, "permissions": "0600", "owner": "root:root", "content": env}
+    merge_how = [
+        {"name": "list", "settings": ["append"]},
+        {"name": "dict", "settings": ["no_replace", "recurse_list"]},
+    ]
     # JSON is valid YAML: no hand-written quoting of the token or URL, whatever they hold.
-    return "#cloud-config\n" + json.dumps({"write_files": [write]})
+    return "#cloud-config\n" + json.dumps({"merge_how": merge_how, "write_files": [write]})
 
 
 def part_subtype(text: str) -> str:

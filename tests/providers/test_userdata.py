@@ -59,12 +59,23 @@ def test_the_bootstrap_writes_a_root_only_join_env_the_agent_reads():
     assert JOIN_ENV_PATH == "/etc/gpuprov/join.env"
 
 
-def test_with_both_the_bootstrap_comes_first_then_the_specs_own_part():
+def test_with_both_the_specs_own_part_comes_first_then_the_bootstrap_appending():
     document = build(spec(user_data="#!/bin/sh\necho hi\n", bootstrap=BOOT))
     both = parts(document)
-    assert [p.get_content_type() for p in both] == ["text/cloud-config", "text/x-shellscript"]
-    assert "GPUPROV_JOIN_TOKEN=tok-s3cret" in text_of(both[0])
-    assert text_of(both[1]) == "#!/bin/sh\necho hi\n"
+    assert [p.get_content_type() for p in both] == ["text/x-shellscript", "text/cloud-config"]
+    assert text_of(both[0]) == "#!/bin/sh\necho hi\n"
+    assert "GPUPROV_JOIN_TOKEN=tok-s3cret" in text_of(both[1])
+
+
+def test_the_bootstrap_part_appends_to_the_specs_own_write_files():
+    # cloud-init merges each part onto those before it; by default a later list replaces an
+    # earlier one, so join.env would drop the spec's own files (or the reverse).
+    own = '#cloud-config\nwrite_files: [{path: /etc/motd, content: "hi"}]\n'
+    both = parts(build(spec(user_data=own, bootstrap=BOOT)))
+    assert text_of(both[0]) == own
+    config = json.loads(text_of(both[1]).removeprefix("#cloud-config\n"))
+    assert {"name": "list", "settings": ["append"]} in config["merge_how"]
+    assert [entry["path"] for entry in config["write_files"]] == ["/etc/gpuprov/join.env"]
 
 
 def test_the_same_spec_gives_byte_identical_user_data_and_another_token_another_boundary():
@@ -95,13 +106,13 @@ def test_the_same_spec_gives_byte_identical_user_data_and_another_token_another_
 )
 def test_a_part_is_typed_by_its_first_line_as_cloud_init_does(text, subtype):
     assert part_subtype(text) == subtype
-    (_, part) = parts(build(spec(user_data=text, bootstrap=BOOT)))
+    (part, _) = parts(build(spec(user_data=text, bootstrap=BOOT)))
     assert part.get_content_subtype() == subtype and text_of(part) == text
 
 
 def test_non_ascii_user_data_survives_the_archive():
     text = "#!/bin/sh\necho 'héllo, 世界'\n"
-    (_, part) = parts(build(spec(user_data=text, bootstrap=BOOT)))
+    (part, _) = parts(build(spec(user_data=text, bootstrap=BOOT)))
     assert text_of(part) == text
 
 
@@ -139,12 +150,12 @@ def test_any_own_user_data_round_trips_beside_the_bootstrap(own, token):
     document = build(node, max_bytes=10**6)
     assert document == build(node, max_bytes=10**6)
     texts = [text_of(p) for p in parts(document)]
-    (write,) = json.loads(texts[0].removeprefix("#cloud-config\n"))["write_files"]
+    (write,) = json.loads(texts[-1].removeprefix("#cloud-config\n"))["write_files"]
     assert f"\nGPUPROV_JOIN_TOKEN={token}\n" in write["content"]
-    assert texts[1:] == ([own] if own else [])
+    assert texts[:-1] == ([own] if own else [])
 
 
 def test_line_ends_reach_cloud_init_as_the_spec_wrote_them():
     text = "#!/bin/sh\r\necho hi\r\n"
-    (_, part) = parts(build(spec(user_data=text, bootstrap=BOOT)))
+    (part, _) = parts(build(spec(user_data=text, bootstrap=BOOT)))
     assert text_of(part) == text

@@ -232,12 +232,12 @@ async def test_create_delivers_keys_user_data_and_bootstrap_but_never_echoes_the
     }
     assert items["ssh-keys"] == "gpuprov:ssh-ed25519 AAAAC3 me"
     assert items["gpuprov-vm"] == VM
-    document = items["user-data"]  # MIME multi-part: the bootstrap's cloud-config, then the spec's
+    document = items["user-data"]  # MIME multi-part: the spec's cloud-config, then the bootstrap's
     parts = [p for p in email.message_from_string(document).walk() if not p.is_multipart()]
     texts = [p.get_payload(decode=True).decode() for p in parts]
     assert [p.get_content_subtype() for p in parts] == ["cloud-config", "cloud-config"]
-    assert TOKEN in texts[0] and "/etc/gpuprov/join.env" in texts[0]
-    assert texts[1] == "#cloud-config\n"
+    assert TOKEN in texts[1] and "/etc/gpuprov/join.env" in texts[1]
+    assert texts[0] == "#cloud-config\n"
     assert set(items) == {"gpuprov-vm", "ssh-keys", "user-data"}  # the token in one place only
 
 
