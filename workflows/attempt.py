@@ -21,7 +21,7 @@ with workflow.unsafe.imports_passed_through():
     from gpuprov.models import Attempt, JobSpec, NodeInstance
     from providers.base import Capabilities, InstanceSpec, compatibility_reasons
     from providers.errors import ErrorKind
-    from workflows import teardown
+    from workflows import teardown, versions
     from workflows.compensation import Compensation, CompensationStack
     from workflows.steps import (
         CREATE_HEARTBEAT,
@@ -83,7 +83,7 @@ class AttemptSaga:
             f"(boot_timeout {self.hints.boot_timeout:g}s)"
         )
         await run_all(self._wait_running(node) for node in self.nodes)
-        if self.hints.ssh_bootstrap and workflow.patched("ssh-bootstrap"):
+        if self.hints.ssh_bootstrap and versions.current():
             self._waiting(f"bootstrap: starting the node agent over SSH on {count} node(s)")
             await run_all(self._bootstrap(node) for node in self.nodes)
         if self.hints.node_agent:

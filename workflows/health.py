@@ -14,6 +14,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.health import HealthActivities, HealthInput
     from gpuprov.models import HealthReport
     from providers.base import Finding, Model, Severity, Verdict
+    from workflows import versions
     from workflows.steps import run_step
 
 HEALTH_STEP = timedelta(minutes=3)
@@ -42,4 +43,5 @@ async def check(request: HealthInput) -> HealthReport:
 class CheckHealth:
     @workflow.run
     async def run(self, request: HealthRequest) -> list[HealthReport]:
+        versions.adopt()
         return list(await asyncio.gather(*(check(item) for item in request.checks)))

@@ -52,7 +52,7 @@ with workflow.unsafe.imports_passed_through():
         WorkerRegistration,
     )
     from providers.base import Capabilities, Offer, Severity, Verdict
-    from workflows import health, metrics, policy
+    from workflows import health, metrics, policy, versions
     from workflows.attempt import AttemptSaga
     from workflows.compensation import (
         Compensation,
@@ -110,6 +110,7 @@ class ProvisionJob:
 
     @workflow.run
     async def run(self, spec: JobSpec) -> JobStatus:
+        versions.adopt()
         if spec.resources.gpu:
             workflow.upsert_search_attributes([search_attributes.GPU.value_set(spec.resources.gpu)])
         metrics.job_state(JobState.QUEUED)
@@ -234,7 +235,7 @@ class ProvisionJob:
         show it in the status and the current details."""
         interval = self._spec.health_check_interval_seconds
         machines = [node for node in self._status.live_nodes() if node.status == "running"]
-        if not interval or not machines or not workflow.patched("ready-health-checks"):
+        if not interval or not machines or not versions.current():
             await workflow.wait_condition(lambda: self._release_requested)
             return
         while True:
@@ -286,7 +287,7 @@ class ProvisionJob:
                 if await self._try_offer(offer):
                     return
             wait = self._until_a_shared_block_lapses(offers)
-            if wait is None or not workflow.patched("wait-for-shared-blocks"):
+            if wait is None or not versions.current():
                 raise JobFailed(self._spent_message(offers))
             # Other jobs' recent failures block every offer left: wait for the first of those
             # blocks to lapse and plan again (within the provisioning timeout), rather than fail
@@ -387,7 +388,7 @@ class ProvisionJob:
         action = policy.action_for(failure.kind)
         self._waiting(f"teardown of attempt #{attempt.number}")
         teardown = action.teardown
-        if not teardown and workflow.patched("terminate-every-started-create"):
+        if not teardown and versions.current():
             # `failure` is one node's (the first in node order); another node's create may
             # have landed with its answer lost. Terminating observes by identity first, so a
             # node where nothing landed costs one observe (chaos finding 2).

@@ -15,7 +15,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.cloud import CloudActivities, PlanInput
     from activities.errors import StepFailure, unwrap
     from providers.base import Model, Offer, ResourceRequest
-    from workflows import policy
+    from workflows import policy, versions
     from workflows.selection import rank_offers
     from workflows.steps import CLOUD_STEP, SHORT_STEP
 
@@ -39,6 +39,7 @@ class OffersResult(Model):
 class PlanOffers:
     @workflow.run
     async def run(self, query: OffersQuery) -> OffersResult:
+        versions.adopt()
         capabilities = await workflow.execute_activity_method(
             CloudActivities.describe_providers,
             start_to_close_timeout=SHORT_STEP,
@@ -47,7 +48,7 @@ class PlanOffers:
         allowed = query.request.providers
         providers = [p for p in sorted(capabilities) if allowed is None or p in allowed]
         result = OffersResult()
-        if workflow.patched("offers-report-skipped-providers"):
+        if versions.current():
             skipped = await workflow.execute_activity_method(
                 CloudActivities.skipped_providers,
                 start_to_close_timeout=SHORT_STEP,

@@ -30,7 +30,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.store import OrphanInput, ResolveInput, StoreActivities
     from gpuprov.models import NodeInstance
     from providers.base import Capabilities, Model
-    from workflows import policy, teardown
+    from workflows import policy, teardown, versions
     from workflows.steps import CLOUD_STEP, SHORT_STEP, run_step
 
 MAX_PARALLEL = 10
@@ -63,6 +63,7 @@ class Reconcile:
 
     @workflow.run
     async def run(self, request: ReconcileInput) -> ReconcileReport:
+        versions.adopt()
         survey = await _must(
             run_step(
                 "survey",

@@ -16,7 +16,7 @@ from temporalio.exceptions import ActivityError, CancelledError
 with workflow.unsafe.imports_passed_through():
     from activities.errors import StepFailure, unwrap
     from providers.base import Capabilities
-    from workflows import policy
+    from workflows import policy, versions
 
 SHORT_STEP = timedelta(seconds=30)
 CLOUD_STEP = timedelta(minutes=5)
@@ -26,6 +26,11 @@ MIN_HEARTBEAT = 5.0
 STORE_STEPS = frozenset(
     {"reserve", "blocks", "record_cost", "record_block", "mark_vm", "mark_placed"}
 )
+# Steps that run as local activities (in the workflow task, on the worker running the workflow):
+# short database and configuration reads and writes. No activity task round trip, no three
+# history events each (a marker instead): about half of a job's server-side work (issue 8), and
+# a worker killed during one costs a workflow task retry, not a 30 s start-to-close.
+LOCAL_STEPS = STORE_STEPS | {"describe", "release_workers", "record_orphan", "resolve_orphan"}
 # Cloud calls heartbeat while they run, so a dead worker is noticed in seconds instead of after
 # the 5-minute start-to-close (chaos finding 4: 300 s stalls per step a killed worker held).
 CALL_HEARTBEAT = timedelta(seconds=10)
@@ -43,11 +48,11 @@ async def run_step(step: str, activity: Any, *args: Any, **options: Any) -> Any:
     if step in HEARTBEATING_CALLS:  # (a schedule's timeouts are not part of determinism)
         options.setdefault("heartbeat_timeout", CALL_HEARTBEAT)
     try:
+        if step in LOCAL_STEPS and versions.current():
+            return await workflow.execute_local_activity_method(activity, *args, **options)
         return await workflow.execute_activity_method(activity, *args, **options)
     except ActivityError as error:
-        if isinstance(error.cause, CancelledError) and workflow.patched(
-            "cancelled-step-is-cancellation"
-        ):
+        if isinstance(error.cause, CancelledError) and versions.current():
             # The step was cancelled because this workflow (or the provisioning timeout's task)
             # was: that is a cancellation, never a failure to fail over from or to block.
             raise asyncio.CancelledError() from None

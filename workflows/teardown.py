@@ -15,7 +15,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.store import OrphanInput, StoreActivities, VmStatusInput
     from gpuprov.models import NodeInstance
     from providers.base import Capabilities
-    from workflows import policy
+    from workflows import policy, versions
     from workflows.steps import (
         SHORT_STEP,
         heartbeat_timeout,
@@ -77,7 +77,7 @@ async def cleanup(node: NodeInstance) -> None:
             )
         )
     except StepFailure as failure:
-        if workflow.patched("record-failed-cleanup-as-orphan"):
+        if versions.current():
             await _record_orphan(node, f"cleanup: {failure}")
         raise
 

@@ -405,6 +405,13 @@ async def codec_client(client: Client, codec_settings: CodecSettings) -> Client:
     )
 
 
+def sdk_marker_metadata(path: tuple[str, ...]) -> bool:
+    """What the SDK core writes into markers itself, outside the data converter: a patch's id
+    (`patch-data`) and a local activity's bookkeeping (`data`: type, id, attempt, times). The
+    local activity's result (`result`) goes through the converter, and so the codec."""
+    return "markerRecordedEventAttributes" in path and path[-2] in ("patch-data", "data")
+
+
 def marked_job(name: str) -> tuple[JobSpec, bytes]:
     """A job spec carrying a distinctive value that is in no search attribute."""
     marker = f"{uuid.uuid4().int % 900 + 100}.{uuid.uuid4().int % 10**6:06d}7"  # < disk_gb
@@ -439,11 +446,14 @@ async def test_a_job_with_the_codec_leaves_no_job_spec_plaintext_in_history(
     plaintext = [
         path
         for path, p in outside_search_attributes
-        if p["metadata"]["encoding"] != encoding
-        # workflow.patched markers: the SDK writes the patch id itself, outside the converter
-        and "patch-data" not in path
+        if p["metadata"]["encoding"] != encoding and not sdk_marker_metadata(path)
     ]
     assert plaintext == []
+    # Local activities' results are in their markers, and encrypted like any payload.
+    assert any(
+        "markerRecordedEventAttributes" in path and "result" in path
+        for path in [path for path, _ in outside_search_attributes]
+    )
     # Search attributes are never encrypted: that is why the marker is not in one.
     assert any("searchAttributes" in path for path, _ in payloads)
     assert b'"H100"' in raw

@@ -48,7 +48,15 @@ from gpuprov.records import Records
 from providers.base import ResourceRequest
 from providers.errors import ErrorKind
 from providers.fake import FakeCloud
-from tests.helpers import OFFER_A, fake_worker, fast_cloud, job, ready_then_release, until
+from tests.helpers import (
+    OFFER_A,
+    decoded_history,
+    fake_worker,
+    fast_cloud,
+    job,
+    ready_then_release,
+    until,
+)
 from workflows.offers import OffersQuery, PlanOffers
 
 HERE = Path(__file__).resolve().parent
@@ -143,6 +151,41 @@ async def happy_path(run: Run) -> None:
 
 async def multi_node(run: Run) -> None:
     await _ready_and_release(run, fast_cloud(), nodes=3)
+
+
+async def health_checks(run: Run) -> None:
+    """Ready with a 1 s health interval: two checks (timer + check_health) before release."""
+    async with run.worker(fast_cloud()) as (gpuprov, _cloud, _):
+        handle = await gpuprov.submit(run.job(health_check_interval_seconds=1))
+        await until(handle, lambda s: len(s.health) == 1, 30)
+        checked = await until(handle, lambda s: s.health[0].checked_at is not None, 30)
+        await asyncio.sleep(1.2)  # one more check
+        await handle.release()
+        final = await asyncio.wait_for(handle.result(), 60)
+        _expect(checked.state is JobState.READY, f"ready, got {checked.state}")
+        _expect(final.state is JobState.COMPLETED, f"completed, got {final.state}")
+
+
+async def cleanup_orphan(run: Run) -> None:
+    """A cleanup that fails for good (Credentials) is recorded as an orphan; the job completes."""
+    fault = FaultRule(primitive="cleanup", kind=ErrorKind.CREDENTIALS, times=1)
+    async with run.worker(fast_cloud([fault])) as (gpuprov, _cloud, _):
+        _, final = await ready_then_release(await gpuprov.submit(run.job()))
+        _expect(final.state is JobState.COMPLETED, f"completed, got {final.state}")
+        _expect(len(run.records.open_orphans()) == 1, "one open orphan")
+
+
+async def shared_block_wait(run: Run) -> None:
+    """Every offer blocked by another job's (expiring) block: wait for it to lapse, then run."""
+    run.records.record_block(
+        scope="provider",
+        key="fake",
+        kind=ErrorKind.CAPACITY.value,
+        message="another job's stockout",
+        job="someone-else",
+        ttl=timedelta(seconds=2),
+    )
+    await _ready_and_release(run, fast_cloud())
 
 
 def _failover(kind: ErrorKind, winner: str) -> Callable[[Run], Awaitable[None]]:
@@ -250,6 +293,9 @@ SCENARIOS: dict[str, Scenario] = {
     for s in [
         Scenario("happy_path", "one node: plan, create, run, ready, release", happy_path),
         Scenario("multi_node", "three nodes on one offer", multi_node),
+        Scenario("health_checks", "ready with a 1 s health interval, then release", health_checks),
+        Scenario("cleanup_orphan", "cleanup fails for good: recorded orphan", cleanup_orphan),
+        Scenario("shared_block_wait", "offers blocked by another job: wait", shared_block_wait),
         Scenario(
             "failover_capacity",
             "Capacity on offer A: blocked, B wins",
@@ -345,7 +391,7 @@ async def record_one(client: Client, scenario: Scenario) -> tuple[int, int]:
             records.db.dispose()
     history = await client.get_workflow_handle(scenario.workflow_id).fetch_history()
     text = one_event_per_line(history.to_json())
-    leaked = leaked_secrets(text, run.secrets)
+    leaked = leaked_secrets(decoded_history(history), run.secrets)  # payloads decoded
     if leaked:
         raise AssertionError(f"{scenario.name}: join tokens in history: {leaked}")
     await replays(scenario, text)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import uuid
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlmodel import col, select
@@ -70,12 +72,20 @@ async def reconcile(
 
 
 async def activity_types(client: Client, workflow_id: str) -> list[str]:
+    """Every step the workflow ran, in order: activities, and local activities (a marker)."""
     history = await client.get_workflow_handle(workflow_id).fetch_history()
-    return [
-        event.activity_task_scheduled_event_attributes.activity_type.name
-        for event in history.events
-        if event.HasField("activity_task_scheduled_event_attributes")
-    ]
+    return [name for event in history.events if (name := step_name(event)) is not None]
+
+
+def step_name(event: Any) -> str | None:
+    if event.HasField("activity_task_scheduled_event_attributes"):
+        return event.activity_task_scheduled_event_attributes.activity_type.name
+    if event.HasField("marker_recorded_event_attributes"):
+        marker = event.marker_recorded_event_attributes
+        if marker.marker_name == "core_local_activity":
+            [payload] = marker.details["data"].payloads
+            return json.loads(payload.data)["activity_type"]
+    return None
 
 
 def age_orphan(records: Records, vm: str, by: timedelta) -> None:

@@ -1,0 +1,34 @@
+"""Workflow code versions: the one `workflow.patched` gate for the changes made since the
+committed histories (tests/histories/) were recorded.
+
+Every change of this release that alters what a running workflow does is behind `current()`:
+the cancelled-step-is-cancellation fix, terminating every started create, recording a failed
+cleanup as an orphan, waiting for shared blocks to lapse, bookkeeping as local activities, the
+SSH bootstrap step, the ready job's health checks and the offers' skipped providers. A history
+recorded before them replays with `current()` False, so it takes the old path.
+
+`adopt()` is called first thing in each workflow's run: the patch marker is then the first
+command of the first workflow task, before any local activity, and every later `current()` is
+the memoised answer. (A marker first recorded mid-run, in a workflow task that also resolved a
+local activity, made a query's replay fail with a nondeterminism error: see
+tests/workflows/test_coalescing.py, which caught it.)
+To change workflow code again: add a new id here, gate the change on it, and keep the old branch
+until no open workflow and no committed history needs it (docs/architecture.md, "Changing
+workflow code safely").
+"""
+
+from __future__ import annotations
+
+from temporalio import workflow
+
+RELEASE_2026_11 = "gpuprov-2026-11-30"
+
+
+def adopt() -> None:
+    """Record (or, replaying, read) the version gate before the workflow does anything else."""
+    current()
+
+
+def current() -> bool:
+    """True for workflows started on this code; False when replaying an older history."""
+    return workflow.patched(RELEASE_2026_11)
