@@ -30,7 +30,7 @@ from activities.enrolment import Enrolment
 from activities.errors import classified, to_application_error
 from activities.heartbeat import Heartbeater
 from activities.observe_hub import ObserveHub
-from activities.ssh_keys import KeyStore
+from activities.ssh_keys import KeyStore, host_key_cloud_config
 from providers.base import (
     Capabilities,
     CloudProvider,
@@ -206,8 +206,9 @@ class CloudActivities:
                     return ids
             if self._enrolment is not None:
                 spec = await asyncio.to_thread(self._enrolment.record_and_mint, request.offer, spec)
-            if request.offer.provider in self._ssh_bootstrap and spec.ssh_public_key is None:
-                spec = await asyncio.to_thread(self._with_deployment_key, spec)
+            if request.offer.provider in self._ssh_bootstrap:
+                cloud_init = provider.capabilities().cloud_init
+                spec = await asyncio.to_thread(self._for_ssh_bootstrap, spec, cloud_init)
             ids = await provider.create(request.offer, request.prepared, spec)
         await self._created(spec.vm, ids)
         return ids
@@ -217,10 +218,18 @@ class CloudActivities:
     ) -> list[Observed] | None:
         return await _observe_tolerating_transient(self._observe_hub, provider, request, interval)
 
-    def _with_deployment_key(self, spec: InstanceSpec) -> InstanceSpec:
-        """The node's authorized key: the worker's client key, so bootstrap can log in."""
+    def _for_ssh_bootstrap(self, spec: InstanceSpec, cloud_init: bool) -> InstanceSpec:
+        """What a node the core bootstraps over SSH needs: the worker's client key as its
+        authorized key and, where the machine runs cloud-init, a host key generated here and
+        pinned for the VM, so bootstrap knows the key before first contact. The private host
+        key lives only in this spec's user data (never returned, never in history)."""
         assert self._keys is not None  # build_worker pairs ssh_bootstrap with a key store
-        return spec.model_copy(update={"ssh_public_key": self._keys.client_public_key()})
+        client_key = spec.ssh_public_key or self._keys.client_public_key()
+        update: dict[str, Any] = {"ssh_public_key": client_key}
+        if cloud_init and spec.user_data is None:
+            host_key = self._keys.host_key_for(spec.vm)
+            update["user_data"] = host_key_cloud_config(host_key, [client_key])
+        return spec.model_copy(update=update)
 
     async def _created(self, vm: str, ids: list[str]) -> None:
         if self._enrolment is not None:

@@ -23,6 +23,7 @@ from temporalio.exceptions import (
 from providers.errors import ErrorKind, ProviderError
 
 MAX_MESSAGE_CHARS = 2000
+NO_BLOCK = "none"  # StepFailure.block_scope: fail over, but block nothing
 KINDS = {kind.value: kind for kind in ErrorKind}
 
 
@@ -80,7 +81,10 @@ def unwrap(step: str, error: ActivityError) -> StepFailure:
             message = f"retries exhausted: {message}"
         return StepFailure(step, kind, message, scope)
     if isinstance(cause, TimeoutError):
-        return StepFailure(step, ErrorKind.FAILED, f"timed out ({cause.type.name})")
+        # Resources may exist (Failed: tear down), but a timeout is this worker's (overloaded,
+        # killed) or the network's, not the offer's: blocking the offer for every job would
+        # spread one worker's overload (docs/performance.md, 1000 jobs at once).
+        return StepFailure(step, ErrorKind.FAILED, f"timed out ({cause.type.name})", NO_BLOCK)
     detail = cause.message if cause is not None else str(error)
     kind_name = getattr(cause, "type", None) or type(cause).__name__
     return StepFailure(step, ErrorKind.FAILED, truncate(f"{kind_name}: {detail}"))

@@ -50,6 +50,10 @@ class TemporalSettings(Model):
     task_queue: str = "gpuprov"
     ui_port: int = 8233  # the dev server's Web UI (gpuprov dev / demo)
     data_dir: str = ".data"  # the dev server's SQLite file lives here
+    # Worker slots. A waiting job holds an activity slot for its whole boot (wait_running), so
+    # max_concurrent_activities bounds the jobs one worker can have booting at once.
+    max_concurrent_activities: int = Field(default=500, ge=1)
+    max_cached_workflows: int = Field(default=1000, ge=0)
 
 
 class DatabaseSettings(Model):

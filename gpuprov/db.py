@@ -11,7 +11,9 @@ SQLite has no time zones, so `UtcDateTime` stores naive UTC there and re-attache
 
 from __future__ import annotations
 
+import sqlite3
 import threading
+import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -243,11 +245,29 @@ def _sqlite_engine(url: URL) -> Engine:
         # process starting beside another failed at once with "database is locked" (seen in
         # CI). WAL lets readers run beside the one writer; a second writer waits its turn.
         cursor.execute("PRAGMA busy_timeout=30000")
-        cursor.execute("PRAGMA journal_mode=WAL")
+        _switch_to_wal(cursor)
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.close()
 
     return engine
+
+
+def _switch_to_wal(cursor: Any, patience: float = 30.0) -> None:
+    """WAL is a property of the database file: once one process switched, the others only read
+    it. The switch itself needs the file's exclusive lock, and SQLite can answer "database is
+    locked" at once, without waiting out busy_timeout, while another process holds a write lock
+    (seen with four processes starting together): so wait and try again, within `patience`."""
+    deadline = time.monotonic() + patience
+    while True:
+        if str(cursor.execute("PRAGMA journal_mode").fetchone()[0]).lower() == "wal":
+            return
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if "locked" not in str(error) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
 
 
 class Database:

@@ -164,6 +164,8 @@ async def running_worker(client: Client, settings: Settings) -> AsyncIterator[Ru
         jobs=settings.jobs,
         skipped=built.skipped,
         ssh_key_dir=Path(settings.temporal.data_dir) / "ssh",
+        max_concurrent_activities=settings.temporal.max_concurrent_activities,
+        max_cached_workflows=settings.temporal.max_cached_workflows,
         ssh_bootstrap={
             provider_id
             for provider_id in providers

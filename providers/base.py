@@ -155,6 +155,10 @@ class Capabilities(Model):
     # The core starts the node agent itself over SSH once the machine runs
     # (activities/bootstrap.py), handing it a fresh join token on its stdin; implies node_agent.
     ssh_bootstrap: bool = False
+    # The machine runs cloud-init on the create call's user data (InstanceSpec.user_data): the
+    # core can then give an SSH-bootstrapped node a host key it generated, known before first
+    # contact, instead of trusting a reported fingerprint or the first key seen.
+    cloud_init: bool = False
     boot_timeout: float = Field(default=1200.0, gt=0)  # seconds until Running
     delete_timeout: float = Field(default=600.0, gt=0)  # seconds until gone
     poll_interval: float = Field(default=10.0, gt=0)  # seconds between observe calls

@@ -59,13 +59,18 @@ class TimingHints(Protocol):
 
 
 def capabilities_from(
-    config: TimingHints, *, unsupported: Iterable[str] = (), node_agent: bool = False
+    config: TimingHints,
+    *,
+    unsupported: Iterable[str] = (),
+    node_agent: bool = False,
+    cloud_init: bool = False,
 ) -> Capabilities:
     """An adapter's Capabilities: what it cannot do, and its section's timing hints (the core's
     wait bounds)."""
     return Capabilities(
         unsupported=list(unsupported),
         node_agent=node_agent,
+        cloud_init=cloud_init,
         boot_timeout=config.boot_timeout,
         delete_timeout=config.delete_timeout,
         poll_interval=config.poll_interval,

@@ -26,7 +26,7 @@ from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.cloud import CloudActivities, PlanInput
-    from activities.errors import StepFailure
+    from activities.errors import NO_BLOCK, StepFailure
     from activities.health import HealthInput
     from activities.k3s import K3sActivities, K3sInput, K3sNode
     from activities.store import (
@@ -397,7 +397,11 @@ class ProvisionJob:
         for node in self._status.nodes:
             if node.attempt == attempt.number and node.status == "requested":
                 node.status = "not_created"  # teardown skipped: no create reported an id
-        scope = BlockScope(failure.block_scope) if failure.block_scope else action.block
+        scope = action.block
+        if failure.block_scope == NO_BLOCK:
+            scope = action.block if not versions.current() else None
+        elif failure.block_scope:
+            scope = BlockScope(failure.block_scope)
         if scope is not None:
             await self._add_block(scope, _block_key(scope, attempt.offer), failure)
         if action.abort:

@@ -102,7 +102,7 @@ class AwsCloud(CloudProvider):
         self._catalogues: dict[str, tuple[float, Catalogue]] = {}
 
     def capabilities(self) -> Capabilities:
-        return capabilities_from(self.config)
+        return capabilities_from(self.config, cloud_init=True)
 
     async def aclose(self) -> None:
         await self._api.aclose()

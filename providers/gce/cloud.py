@@ -12,7 +12,8 @@ Paths below are relative to `https://compute.googleapis.com/compute/v1/projects/
   `alreadyExists` = adopt the instance an earlier attempt made.
 - observe: `GET zones/<z>/instances?filter=labels.gpuprov_vm = "<vm>"` (paginated).
 - observe_region: `GET aggregated/instances?filter=labels.gpuprov_vm:*` (paginated), keeping
-  the region's zones.
+  the region's zones; a zone of the region that is `unreachables` or warned UNREACHABLE makes
+  the answer Transient.
 - delete: `DELETE zones/<z>/instances/<name>?requestId=` per id; 404 `notFound` = gone.
 - cleanup: `DELETE global/firewalls/gpuprov-<vm>-ssh?requestId=`; 404 = gone.
 - diagnose: observe, `GET zones/<z>/instances/<name>` (upcomingMaintenance) and
@@ -98,7 +99,7 @@ class GceCloud(CloudProvider):
         self.prices = PriceBook(self.client, config.billing_base_url, config.price_cache_seconds)
 
     def capabilities(self) -> Capabilities:
-        return capabilities_from(self.config)
+        return capabilities_from(self.config, cloud_init=True)
 
     async def aclose(self) -> None:
         await self.client.aclose()
@@ -265,13 +266,14 @@ class GceCloud(CloudProvider):
     async def _region_instances(self, region: str, query: str) -> list[Instance]:
         action = f"list instances in {region}"
         url = self.client.url("aggregated/instances")
-        params = {"filter": query, "maxResults": 500, "returnPartialSuccess": "true"}
+        params = {"filter": query, "maxResults": 500}
         found: list[Instance] = []
         async for page in self.client.pages(url, action, params):
             listing = read(InstanceAggregatedList, page, action)
             # A partial answer that misses a zone of this region could make a live instance
             # look gone (and a wait for gone end early): that is no answer at all.
-            if missing := [s for s in listing.unreachables if _region_of_scope(s) == region]:
+            scopes = listing.unreachable_scopes
+            if missing := [s for s in scopes if _region_of_scope(s) == region]:
                 raise ProviderError(
                     ErrorKind.TRANSIENT, f"{action}: unreachable: {', '.join(missing[:5])}"
                 )

@@ -38,7 +38,7 @@ def name_filter(names: Iterable[str]) -> str:
 async def machine_types(client: GceClient, names: set[str]) -> list[MachineType]:
     action = "list machine types"
     found: list[MachineType] = []
-    params = {"filter": name_filter(names), "returnPartialSuccess": "true", "maxResults": 500}
+    params = {"filter": name_filter(names), "maxResults": 500}
     async for page in client.pages(client.url("aggregated/machineTypes"), action, params):
         for scoped in read(MachineTypeAggregatedList, page, action).items.values():
             found.extend(m for m in scoped.machineTypes if m.name in names)
@@ -53,7 +53,7 @@ async def accelerator_types(
         return {}
     action = "list accelerator types"
     found: dict[tuple[str, str], AcceleratorType] = {}
-    params = {"filter": name_filter(names), "returnPartialSuccess": "true", "maxResults": 500}
+    params = {"filter": name_filter(names), "maxResults": 500}
     async for page in client.pages(client.url("aggregated/acceleratorTypes"), action, params):
         for scoped in read(AcceleratorTypeAggregatedList, page, action).items.values():
             for accelerator in scoped.acceleratorTypes:

@@ -125,8 +125,13 @@ class InstanceList(_Read):
     nextPageToken: Annotated[str, Field(max_length=4096)] | None = None
 
 
+class ScopeWarning(_Read):
+    code: Annotated[str, Field(max_length=100)] | None = None
+
+
 class InstancesScoped(_Read):
     instances: list[Instance] = Field(default_factory=list, max_length=5000)
+    warning: ScopeWarning | None = None  # UNREACHABLE: this scope's instances are not listed
 
 
 class InstanceAggregatedList(_Read):
@@ -137,6 +142,13 @@ class InstanceAggregatedList(_Read):
     unreachables: list[Annotated[str, Field(max_length=200)]] = Field(
         default_factory=list, max_length=1000
     )  # scopes ("zones/us-central1-a") missing from a partial answer
+
+    @property
+    def unreachable_scopes(self) -> list[str]:
+        """Scopes this page could not list: `unreachables`, and scopes whose warning says
+        UNREACHABLE (Discovery: "A given scope cannot be reached")."""
+        warned = [s for s, v in self.items.items() if v.warning and v.warning.code == "UNREACHABLE"]
+        return [*self.unreachables, *warned]
 
 
 class OperationList(_Read):

@@ -107,7 +107,7 @@ class LambdaCloud(CloudProvider):
         )
 
     def capabilities(self) -> Capabilities:
-        return capabilities_from(self.config, unsupported=["spot"])
+        return capabilities_from(self.config, unsupported=["spot"], cloud_init=True)
 
     async def aclose(self) -> None:
         await self._client.aclose()

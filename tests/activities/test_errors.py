@@ -6,9 +6,22 @@ import pickle
 from datetime import timedelta
 
 import pytest
-from temporalio.exceptions import ApplicationError, ApplicationErrorCategory
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    ApplicationErrorCategory,
+    TimeoutError,
+    TimeoutType,
+)
 
-from activities.errors import MAX_MESSAGE_CHARS, classified, to_application_error, truncate
+from activities.errors import (
+    MAX_MESSAGE_CHARS,
+    NO_BLOCK,
+    classified,
+    to_application_error,
+    truncate,
+    unwrap,
+)
 from providers.errors import ErrorKind, ProviderError
 
 
@@ -131,3 +144,25 @@ def test_classified_is_silent_when_nothing_fails() -> None:
     with classified():
         result = 1 + 1
     assert result == 2
+
+
+def test_a_timed_out_step_is_failed_but_blocks_nothing() -> None:
+    # A heartbeat or start-to-close timeout is the worker's (overloaded, killed) or the
+    # network's: tear down (Failed), but block no offer for every other job.
+    timeout = TimeoutError(
+        "activity heartbeat timeout", type=TimeoutType.HEARTBEAT, last_heartbeat_details=[]
+    )
+    error = ActivityError(
+        "activity error",
+        scheduled_event_id=1,
+        started_event_id=2,
+        identity="worker",
+        activity_type="wait_running",
+        activity_id="1",
+        retry_state=None,
+    )
+    error.__cause__ = timeout
+    failure = unwrap("wait_running", error)
+    assert failure.kind is ErrorKind.FAILED
+    assert failure.message == "timed out (HEARTBEAT)"
+    assert failure.block_scope == NO_BLOCK

@@ -146,7 +146,8 @@ def test_processes_starting_together_migrate_once(database_url: str):
         for _, stderr in (process.communicate(timeout=120) for process in processes)
         if stderr.strip()
     ]
-    assert [process.returncode for process in processes] == [0, 0, 0, 0], failures
+    if [process.returncode for process in processes] != [0, 0, 0, 0]:
+        pytest.fail("a process failed to migrate:\n" + "\n---\n".join(failures), pytrace=False)
 
     db = Database(database_url)
     try:

@@ -328,7 +328,7 @@ class FakeGce:
             return _error(
                 404, "notFound", f"The resource 'zones/{zone}/instances/{name}' was not found"
             )
-        return _json(instance)
+        return _json(_public(instance))
 
     def _zone_operations(self, request: httpx.Request, zone: str) -> httpx.Response:
         return _json({"kind": "compute#operationList", "items": []})
@@ -337,7 +337,7 @@ class FakeGce:
         self._tick()
         found = [i for (z, _), i in sorted(self.instances.items()) if z == zone]
         page, token = self._page(request, _filtered(found, _query(request, "filter")))
-        return _json({"kind": "compute#instanceList", "items": page, "nextPageToken": token})
+        return _json(_listing({"kind": "compute#instanceList", "items": page}, token))
 
     def _list_all(self, request: httpx.Request) -> httpx.Response:
         self._tick()
@@ -350,9 +350,7 @@ class FakeGce:
             items[f"zones/{_zone(instance)}"] = {
                 "instances": [*items[f"zones/{_zone(instance)}"].get("instances", []), instance]
             }
-        return _json(
-            {"kind": "compute#instanceAggregatedList", "items": items, "nextPageToken": token}
-        )
+        return _json(_listing({"kind": "compute#instanceAggregatedList", "items": items}, token))
 
     # ------------------------------------------------------------------ mechanics
 
@@ -376,7 +374,7 @@ class FakeGce:
     def _page(self, request: httpx.Request, found: list[dict]) -> tuple[list[dict], str | None]:
         start = int(_query(request, "pageToken") or 0)
         end = start + self.page_size
-        page = [{k: v for k, v in i.items() if not k.startswith("_")} for i in found[start:end]]
+        page = [_public(i) for i in found[start:end]]
         return page, (str(end) if end < len(found) else None)
 
     def _replayed(self, request: httpx.Request) -> httpx.Response | None:
@@ -439,6 +437,16 @@ def _instance(zone: str, body: dict[str, Any]) -> dict[str, Any]:
         "networkInterfaces": [nic],
         "creationTimestamp": "2026-08-20T10:00:00.000-07:00",
     }
+
+
+def _public(instance: dict[str, Any]) -> dict[str, Any]:
+    """The instance without the fake's own bookkeeping (`_polls`, `_stopping`)."""
+    return {k: v for k, v in instance.items() if not k.startswith("_")}
+
+
+def _listing(body: dict[str, Any], token: str | None) -> dict[str, Any]:
+    """A list page; Compute Engine leaves `nextPageToken` out on the last page."""
+    return {**body, "nextPageToken": token} if token else body
 
 
 def _zone(instance: dict[str, Any]) -> str:

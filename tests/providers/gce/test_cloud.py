@@ -308,7 +308,7 @@ async def test_observe_region_groups_every_gpuprov_instance_by_vm_across_pages(a
 
 
 async def test_a_partial_listing_missing_a_zone_of_the_region_is_no_answer(api, cloud):
-    """returnPartialSuccess may leave a zone out; an instance there must not look gone."""
+    """an aggregated list may leave a zone out; an instance there must not look gone."""
     body = {"items": {}, "unreachables": ["zones/us-central1-f"]}
     api.get(url__startswith=f"{P}/aggregated/instances").mock(return_value=ok(body))
     with pytest.raises(ProviderError) as caught:

@@ -1,0 +1,84 @@
+"""The create activity for a provider whose nodes the core bootstraps over SSH: the node gets
+the worker's client key as its authorized key and, where the machine runs cloud-init, a host
+key generated on the worker and pinned for the VM, so bootstrap verifies the very first
+contact against a key it already knows. Nothing secret comes back out of the activity."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+from activities.cloud import CloudActivities, CreateInput
+from activities.ssh_keys import KeyStore
+from providers.base import Capabilities, InstanceSpec, Offer, ResourceRequest
+from providers.fake import FakeCloud
+from tests.helpers import fast_cloud
+
+
+class RecordingCloud(FakeCloud):
+    """The fake cloud, saying whether it runs cloud-init, keeping the spec create was given."""
+
+    def __init__(self, cloud_init: bool) -> None:
+        super().__init__(fast_cloud())
+        self._cloud_init = cloud_init
+        self.created: list[InstanceSpec] = []
+
+    def capabilities(self) -> Capabilities:
+        return super().capabilities().model_copy(update={"cloud_init": self._cloud_init})
+
+    async def create(self, offer: Offer, prepared: dict[str, Any], spec: InstanceSpec) -> list[str]:
+        self.created.append(spec)
+        return await super().create(offer, prepared, spec)
+
+
+async def create_once(cloud: RecordingCloud, keys: KeyStore, vm: str) -> list[str]:
+    activities = CloudActivities({"fake": cloud}, ssh_bootstrap={"fake"}, keys=keys)
+    [offer, *_] = await cloud.plan(ResourceRequest())
+    spec = InstanceSpec(vm=vm, job="j", node_index=0, attempt=1)
+    return await ActivityEnvironment().run(
+        activities.create, CreateInput(offer=offer, prepared={}, spec=spec)
+    )
+
+
+@pytest.mark.parametrize("cloud_init", [True, False])
+async def test_the_node_gets_the_workers_client_key(tmp_path: Path, cloud_init: bool) -> None:
+    keys = KeyStore(tmp_path / "keys")
+    cloud = RecordingCloud(cloud_init)
+    await create_once(cloud, keys, "j-a1-n0-abcdef")
+    [spec] = cloud.created
+    assert spec.ssh_public_key == keys.client_public_key()
+    await cloud.aclose()
+
+
+async def test_a_cloud_init_node_gets_a_host_key_that_is_pinned_before_first_contact(
+    tmp_path: Path,
+) -> None:
+    keys = KeyStore(tmp_path / "keys")
+    cloud = RecordingCloud(cloud_init=True)
+    vm = "j-a1-n0-abcdef"
+    ids = await create_once(cloud, keys, vm)
+    [spec] = cloud.created
+    assert spec.user_data is not None and spec.user_data.startswith("#cloud-config\n")
+    document = json.loads(spec.user_data.removeprefix("#cloud-config\n"))
+    private = asyncssh.import_private_key(document["ssh_keys"]["ed25519_private"])
+    pinned = keys.known_host_key(vm)
+    assert pinned is not None and pinned.public_data == private.public_data
+    assert document["ssh_authorized_keys"] == [keys.client_public_key()]
+    assert "PRIVATE" not in json.dumps(ids)  # what goes back to the workflow: ids only
+    await cloud.aclose()
+
+
+async def test_no_host_key_is_made_where_the_machine_runs_no_cloud_init(tmp_path: Path) -> None:
+    keys = KeyStore(tmp_path / "keys")
+    cloud = RecordingCloud(cloud_init=False)
+    vm = "j-a1-n0-abcdef"
+    await create_once(cloud, keys, vm)
+    [spec] = cloud.created
+    assert spec.user_data is None
+    assert keys.known_host_key(vm) is None  # bootstrap trusts a fingerprint or pins first use
+    await cloud.aclose()
