@@ -345,7 +345,8 @@ class ProvisionJob:
             action = policy.action_for(failure.kind)
             if action.abort:
                 raise JobFailed(f"aborted: plan on {request.provider}: {failure}") from None
-            await self._add_block(policy.PLAN_FAILURE_SCOPE, request.provider, failure)
+            if failure.block_scope != NO_BLOCK or not versions.current():
+                await self._add_block(policy.PLAN_FAILURE_SCOPE, request.provider, failure)
             return []
         self._status.rejected_offers += result.rejected
         return result.offers

@@ -35,7 +35,7 @@ STORE_STEPS = frozenset(
 LOCAL_STEPS = STORE_STEPS | {"describe", "release_workers", "record_orphan", "resolve_orphan"}
 # Cloud calls heartbeat while they run, so a dead worker is noticed in seconds instead of after
 # the 5-minute start-to-close (chaos finding 4: 300 s stalls per step a killed worker held).
-CALL_HEARTBEAT = timedelta(seconds=10)
+CALL_HEARTBEAT = timedelta(seconds=15)
 CREATE_HEARTBEAT = CALL_HEARTBEAT
 HEARTBEATING_CALLS = frozenset({"plan", "prepare", "create", "delete", "cleanup"})
 
