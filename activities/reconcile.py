@@ -293,7 +293,7 @@ class ReconcileActivities:
         location = candidate.location
 
         orphan = await asyncio.to_thread(
-            lambda: self._records.record_orphaned_vm(
+            lambda: self._records.record_orphan(
                 provider=location.provider,
                 region=location.region,
                 zone=location.zone,

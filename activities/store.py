@@ -203,7 +203,7 @@ class StoreActivities:
         node = request.node
 
         orphan = await asyncio.to_thread(
-            lambda: self._records.record_orphaned_vm(
+            lambda: self._records.record_orphan(
                 provider=node.provider,
                 region=node.region,
                 zone=node.zone,

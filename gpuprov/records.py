@@ -484,30 +484,6 @@ class Records:
 
     # ------------------------------------------------------------------ orphans
 
-    def record_orphaned_vm(
-        self,
-        *,
-        provider: str,
-        region: str,
-        zone: str | None,
-        vm: str,
-        instance_ids: list[str],
-        error: str,
-    ) -> OrphanRecord:
-        """`record_orphan`, and the VM's row (where there is one) marked orphaned, unless the
-        user kept the machine on purpose."""
-        row = self.get_vm(vm)
-        if row is not None and row.status not in ("orphaned", "kept"):
-            self.set_vm_status(vm, "orphaned")
-        return self.record_orphan(
-            provider=provider,
-            region=region,
-            zone=zone,
-            vm=vm,
-            instance_ids=instance_ids,
-            error=error,
-        )
-
     def record_orphan(
         self,
         *,
@@ -519,7 +495,11 @@ class Records:
         error: str,
     ) -> OrphanRecord:
         """Record a machine whose termination failed; while it is unresolved, a repeat bumps
-        attempts and refreshes last_seen, last_error and instance_ids."""
+        attempts and refreshes last_seen, last_error and instance_ids. The VM's row, where there
+        is one, says `orphaned`, unless the user kept the machine on purpose."""
+        row = self.get_vm(vm)
+        if row is not None and row.status not in ("orphaned", "kept"):
+            self.set_vm_status(vm, "orphaned")
         now = utcnow()
         where = (col(OrphanRecord.vm) == vm, col(OrphanRecord.resolved_at).is_(None))
         update = (
