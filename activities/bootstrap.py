@@ -49,7 +49,7 @@ from activities.ssh_keys import (
 from gpuprov.records import Records
 from providers.base import CloudProvider, Model, SshEndpoint
 from providers.errors import ErrorKind, ProviderError
-from providers.ssh_common import AGENT_FILE, remote_dir
+from providers.ssh_common import AGENT_FILE, output_tail, output_text, remote_dir
 from providers.ssh_common import REMOTE_ROOT as REMOTE_ROOT  # re-exported (tests, demo_ssh)
 
 # On the node, everything the agent needs lives in remote_dir(vm), "$HOME/.gpuprov/<vm>/" of the
@@ -256,7 +256,7 @@ async def upload_and_start_agent(
         raise ProviderError(
             ErrorKind.FAILED,
             f"cannot install the agent on {vm} (exit {installed.exit_status}): "
-            f"{_tail(installed.stderr)}",
+            f"{_said(installed.stderr)}",
         )
     try:
         started = await connection.run(
@@ -271,9 +271,9 @@ async def upload_and_start_agent(
     if started.exit_status != 0:
         raise ProviderError(
             ErrorKind.FAILED,
-            f"the agent on {vm} exited {started.exit_status}: {_tail(started.stderr)}",
+            f"the agent on {vm} exited {started.exit_status}: {_said(started.stderr)}",
         )
-    return _text(started.stdout)
+    return output_text(started.stdout)
 
 
 async def _guarded(work: Awaitable[str], token: str) -> str:
@@ -288,16 +288,8 @@ async def _guarded(work: Awaitable[str], token: str) -> str:
         raise ProviderError(ErrorKind.TRANSIENT, message.replace(token, "<token>")) from None
 
 
-def _text(output: object) -> str:
-    if isinstance(output, bytes):
-        return output.decode("utf-8", "replace")
-    return output if isinstance(output, str) else ""
-
-
-def _tail(output: object) -> str:
-    lines = [line.strip() for line in _text(output).splitlines() if line.strip()]
-    text = " | ".join(lines[-3:]) or "(no output)"
-    return text[-MAX_OUTPUT_CHARS:]
+def _said(output: object) -> str:
+    return output_tail(output, MAX_OUTPUT_CHARS) or "(no output)"
 
 
 def _worker_id(stdout: str) -> str | None:

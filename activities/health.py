@@ -39,6 +39,7 @@ from providers.base import (
     SshEndpoint,
 )
 from providers.errors import ProviderError
+from providers.ssh_common import output_text
 
 PROBE_TIMEOUT = 60.0  # seconds for `agent.py probe` (it bounds nvidia-smi itself)
 CONNECT_TIMEOUT = 15.0
@@ -128,10 +129,10 @@ async def _agent_findings(
     except (asyncssh.Error, OSError, TimeoutError) as error:
         return [_finding(Severity.WARN, "agent_not_answering", f"{command}: {error}")]
     if result.exit_status != 0:
-        said = _text(result.stderr) or _text(result.stdout) or f"exit {result.exit_status}"
+        said = _last(result.stderr) or _last(result.stdout) or f"exit {result.exit_status}"
         return [_finding(Severity.WARN, "agent_not_answering", said)]
     try:
-        report = json.loads(_text(result.stdout, limit=None))
+        report = json.loads(output_text(result.stdout))
         capabilities = report.get("capabilities", report)
         gpus = list(capabilities.get("gpus") or [])
         runtime_ok = capabilities.get("gpu_runtime_ok")
@@ -155,7 +156,5 @@ def _finding(severity: Severity, code: str, message: str) -> Finding:
     return Finding(severity=severity, code=code, message=message[:MAX_TEXT])
 
 
-def _text(output: object, limit: int | None = MAX_TEXT) -> str:
-    text = output.decode(errors="replace") if isinstance(output, bytes) else str(output or "")
-    text = text.strip()
-    return text if limit is None else text[-limit:]
+def _last(output: object) -> str:
+    return output_text(output).strip()[-MAX_TEXT:]

@@ -22,7 +22,7 @@ import shlex
 import asyncssh
 from temporalio import activity
 
-from activities.bootstrap import _tail, _text, node_client_key, node_host_key_trust
+from activities.bootstrap import node_client_key, node_host_key_trust
 from activities.errors import classified
 from activities.heartbeat import Heartbeater
 from activities.ssh_connect import Endpoint, HostKeyMismatch, connect_verified
@@ -30,6 +30,7 @@ from activities.ssh_keys import KeyStore
 from gpuprov.config import K3sSettings
 from providers.base import CloudProvider, Model, SshEndpoint
 from providers.errors import ErrorKind, ProviderError
+from providers.ssh_common import output_tail, output_text
 
 CONNECT_TIMEOUT = 15.0
 
@@ -132,7 +133,9 @@ class K3sActivities:
                 ErrorKind.FAILED, f"k3s {role} on {node.vm}: {_scrub(str(error), token)}"
             ) from None
         if result.exit_status != 0:
-            said = _scrub(_tail(result.stderr) or _tail(result.stdout), token)
+            said = _scrub(
+                output_tail(result.stderr) or output_tail(result.stdout) or "(no output)", token
+            )
             raise ProviderError(
                 ErrorKind.FAILED, f"k3s {role} on {node.vm} exited {result.exit_status}: {said}"
             )
@@ -141,11 +144,12 @@ class K3sActivities:
         path = shlex.quote(f"{self._settings.data_dir}/server/node-token")
         command = f'if [ "$(id -u)" = 0 ]; then cat {path}; else sudo -n cat {path}; fi'
         result = await connection.run(command, timeout=60, check=False)
-        token = _text(result.stdout).strip()
+        token = output_text(result.stdout).strip()
         if result.exit_status != 0 or not token:
             raise ProviderError(
                 ErrorKind.FAILED,
-                f"k3s server on {node.vm} wrote no node token: {_tail(result.stderr)}",
+                f"k3s server on {node.vm} wrote no node token: "
+                f"{output_tail(result.stderr) or '(no output)'}",
             )
         return token
 

@@ -83,3 +83,17 @@ def public_line(key: asyncssh.SSHKey) -> str:
 def remote_dir(vm: str) -> str:
     """The VM's agent directory on the machine, as a shell word (`$HOME` expands there)."""
     return f'"$HOME"/{REMOTE_ROOT}/{shlex.quote(vm)}'
+
+
+def output_text(output: object) -> str:
+    """A remote command's stdout or stderr as text (asyncssh gives str, bytes or None)."""
+    if isinstance(output, bytes):
+        return output.decode("utf-8", "replace")
+    return output if isinstance(output, str) else ""
+
+
+def output_tail(output: object, limit: int = 500) -> str:
+    """The last three non-empty lines of a command's output, joined, at most `limit`
+    characters: what an error message quotes. Empty when the command said nothing."""
+    lines = [line.strip() for line in output_text(output).splitlines() if line.strip()]
+    return " | ".join(lines[-3:])[-limit:]
