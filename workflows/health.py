@@ -10,11 +10,11 @@ from pydantic import Field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    import workflows.versions as versions
     from activities.errors import StepFailure
     from activities.health import HealthActivities, HealthInput
     from gpuprov.models import HealthReport
     from providers.base import Finding, Model, Severity, Verdict
-    from workflows import versions
     from workflows.steps import run_step
 
 HEALTH_STEP = timedelta(minutes=3)

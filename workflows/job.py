@@ -25,6 +25,10 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    import workflows.health as health
+    import workflows.metrics as metrics
+    import workflows.policy as policy
+    import workflows.versions as versions
     from activities.cloud import CloudActivities, PlanInput
     from activities.errors import NO_BLOCK, StepFailure
     from activities.health import HealthInput
@@ -52,7 +56,6 @@ with workflow.unsafe.imports_passed_through():
         WorkerRegistration,
     )
     from providers.base import Capabilities, Offer, Severity, Verdict
-    from workflows import health, metrics, policy, versions
     from workflows.attempt import AttemptSaga
     from workflows.compensation import (
         Compensation,

@@ -12,10 +12,11 @@ from pydantic import Field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    import workflows.policy as policy
+    import workflows.versions as versions
     from activities.cloud import CloudActivities, PlanInput
     from activities.errors import StepFailure, unwrap
     from providers.base import Model, Offer, ResourceRequest
-    from workflows import policy, versions
     from workflows.selection import rank_offers
     from workflows.steps import CLOUD_STEP, SHORT_STEP
 

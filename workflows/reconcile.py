@@ -24,13 +24,15 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    import workflows.policy as policy
+    import workflows.teardown as teardown
+    import workflows.versions as versions
     from activities.cloud import CloudActivities
     from activities.errors import StepFailure
     from activities.reconcile import Candidate, ReconcileActivities, SurveyInput
     from activities.store import OrphanInput, ResolveInput, StoreActivities
     from gpuprov.models import NodeInstance
     from providers.base import Capabilities, Model
-    from workflows import policy, teardown, versions
     from workflows.steps import CLOUD_STEP, SHORT_STEP, run_step
 
 MAX_PARALLEL = 10
