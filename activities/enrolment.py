@@ -37,3 +37,7 @@ class Enrolment:
 
     def created(self, vm: str, instance_ids: list[str]) -> None:
         self._records.set_vm_instances(vm, instance_ids, "created")
+
+    def terminated(self, vm: str) -> None:
+        """Confirmed gone: the row says so and the node's worker is revoked."""
+        self._records.vm_terminated(vm)

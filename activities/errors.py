@@ -31,10 +31,14 @@ def truncate(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     return message if len(message) <= limit else message[: limit - 15] + "...(truncated)"
 
 
-def to_application_error(error: ProviderError) -> ApplicationError:
+def to_application_error(error: ProviderError, step: str | None = None) -> ApplicationError:
+    """`step` names the primitive that failed inside an activity that runs several (retire)."""
+    details: dict[str, str | None] = {"block_scope": error.block_scope}
+    if step is not None:
+        details["step"] = step
     return ApplicationError(
         truncate(error.message),
-        {"block_scope": error.block_scope},
+        details,
         type=error.kind.value,
         non_retryable=error.kind is not ErrorKind.TRANSIENT,
         # A classified cloud answer is an expected outcome the saga handles, not a worker
@@ -47,12 +51,13 @@ def to_application_error(error: ProviderError) -> ApplicationError:
 
 
 @contextmanager
-def classified() -> Iterator[None]:
-    """Inside an activity: turn a ProviderError into the ApplicationError the workflow reads."""
+def classified(step: str | None = None) -> Iterator[None]:
+    """Inside an activity: turn a ProviderError into the ApplicationError the workflow reads
+    (naming `step`, the primitive, where the activity runs more than one)."""
     try:
         yield
     except ProviderError as error:
-        raise to_application_error(error) from error
+        raise to_application_error(error, step) from error
 
 
 @dataclass
@@ -75,6 +80,7 @@ def unwrap(step: str, error: ActivityError) -> StepFailure:
         scope = None
         if cause.details and isinstance(cause.details[0], dict):
             scope = cause.details[0].get("block_scope")
+            step = cause.details[0].get("step") or step
         kind = KINDS[cause.type]
         message = cause.message
         if kind is ErrorKind.TRANSIENT:

@@ -174,15 +174,12 @@ class StoreActivities:
         await asyncio.to_thread(self._mark_vm, request)
 
     def _mark_vm(self, request: VmStatusInput) -> None:
-        vm = self._records.get_vm(request.vm)
-        if vm is None:  # create never ran for it (the row is written inside create)
+        if request.status == "terminated":
+            self._records.vm_terminated(request.vm)
             return
+        if self._records.get_vm(request.vm) is None:  # create never ran for it (the row is
+            return  # written inside create)
         self._records.set_vm_status(request.vm, request.status)
-        if request.status != "terminated":
-            return
-        for worker in self._records.workers_for_job(vm.job):
-            if worker.vm == request.vm and worker.state != "revoked":
-                self._records.set_worker_state(worker.id, "revoked", worker.job)
 
     @activity.defn(name="mark_placed")
     async def mark_placed(self, request: PlacedInput) -> None:

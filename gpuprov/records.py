@@ -144,6 +144,33 @@ class Records:
             values["terminated_at"] = sa.func.coalesce(VmRecord.terminated_at, _time(utcnow()))
         self._update_vm(vm, values)
 
+    def vm_terminated(self, vm: str) -> None:
+        """One transaction: the row says terminated (stamped once) and the worker that ran on
+        the machine is revoked. A VM without a row (its create never ran) is left alone."""
+        now = utcnow()
+        with self.db.session() as session:
+            job = session.exec(select(VmRecord.job).where(VmRecord.vm == vm)).first()
+            if job is None:
+                return
+            session.exec(
+                _update(VmRecord)
+                .where(col(VmRecord.vm) == vm)
+                .values(
+                    status="terminated",
+                    terminated_at=sa.func.coalesce(VmRecord.terminated_at, _time(now)),
+                )
+            )
+            session.exec(
+                _update(WorkerRecord)
+                .where(
+                    col(WorkerRecord.job) == job,
+                    col(WorkerRecord.vm) == vm,
+                    col(WorkerRecord.state) != "revoked",
+                )
+                .values(state="revoked", updated_at=now)
+            )
+            session.commit()
+
     def _update_vm(self, vm: str, values: dict[str, Any]) -> None:
         with self.db.session() as session:
             result = session.exec(_update(VmRecord).where(col(VmRecord.vm) == vm).values(values))

@@ -102,7 +102,19 @@ class AttemptSaga:
         )
 
     async def _prepare(self, spec: InstanceSpec, node: NodeInstance) -> dict[str, Any]:
-        self.stack.push(Compensation(name=f"cleanup {node.vm}", run=lambda: teardown.cleanup(node)))
+        if versions.lean():
+            # One undo for the node, whatever of prepare and create landed: retire deletes
+            # what carries the identity (nothing, if create never ran) and cleans up. Never
+            # skipped: the side resources need it even when no instance was created.
+            self.stack.push(
+                Compensation(
+                    name=f"tear down {node.vm}", run=lambda: teardown.retire(node, self.hints)
+                )
+            )
+        else:
+            self.stack.push(
+                Compensation(name=f"cleanup {node.vm}", run=lambda: teardown.cleanup(node))
+            )
         return await run_step(
             "prepare",
             CloudActivities.prepare,
@@ -113,14 +125,15 @@ class AttemptSaga:
     async def _create(
         self, spec: InstanceSpec, node: NodeInstance, prepared: dict[str, Any]
     ) -> None:
-        self.stack.push(
-            Compensation(
-                name=f"terminate {node.vm}",
-                run=lambda: teardown.terminate(node, self.hints),
-                terminates=True,
-                has_instances=lambda: bool(node.instance_ids),
+        if not versions.lean():  # lean: the node's undo, pushed before prepare, terminates too
+            self.stack.push(
+                Compensation(
+                    name=f"terminate {node.vm}",
+                    run=lambda: teardown.terminate(node, self.hints),
+                    terminates=True,
+                    has_instances=lambda: bool(node.instance_ids),
+                )
             )
-        )
         node.instance_ids = await run_step(
             "create",
             CloudActivities.create,

@@ -114,7 +114,9 @@ class ProvisionJob:
     @workflow.run
     async def run(self, spec: JobSpec) -> JobStatus:
         versions.adopt()
-        if spec.resources.gpu:
+        if versions.lean():
+            self._complete_start_attributes()
+        elif spec.resources.gpu:
             workflow.upsert_search_attributes([search_attributes.GPU.value_set(spec.resources.gpu)])
         metrics.job_state(JobState.QUEUED)
         try:
@@ -131,7 +133,7 @@ class ProvisionJob:
             self._set_state(JobState.COMPLETED)
             return self._status
         except asyncio.CancelledError:
-            if self._status.state is JobState.PROVISIONING:
+            if self._status.state in (JobState.QUEUED, JobState.PROVISIONING):
                 metrics.provisioning_seconds("cancelled")
             self._set_state(JobState.RELEASING, "teardown after cancellation")
             await self._unwind(teardown=True)
@@ -148,6 +150,19 @@ class ProvisionJob:
             self._set_state(JobState.FAILED)
             raise ApplicationError(str(failure), type="JobFailed", non_retryable=True) from None
 
+    def _complete_start_attributes(self) -> None:
+        """`GpuprovClient.submit` sets the state (queued) and the GPU at start, at no cost in
+        events; a job started another way (the temporal CLI, another SDK) gets them here."""
+        present = workflow.info().typed_search_attributes
+        missing = []
+        if present.get(search_attributes.STATE) is None:
+            missing.append(search_attributes.STATE.value_set(JobState.QUEUED.value))
+        gpu = self._spec.resources.gpu
+        if gpu and present.get(search_attributes.GPU) is None:
+            missing.append(search_attributes.GPU.value_set(gpu))
+        if missing:
+            workflow.upsert_search_attributes(missing)
+
     # ------------------------------------------------------------------ existing workers
 
     async def _reserve_existing_workers(self) -> bool:
@@ -155,9 +170,15 @@ class ProvisionJob:
         if self._spec.profile == "k3s":
             # The k3s profile installs over SSH on machines the job provisions; an existing
             # worker offers no SSH endpoint to the control plane.
-            self._set_state(JobState.PROVISIONING, "offers (the k3s profile provisions)")
+            if versions.lean():
+                self._waiting("offers (the k3s profile provisions)")
+            else:
+                self._set_state(JobState.PROVISIONING, "offers (the k3s profile provisions)")
             return False
-        self._set_state(JobState.PROVISIONING, "an idle, compatible existing worker")
+        if versions.lean():  # queued until an offer is tried (DESIGN: lifecycle step 4)
+            self._waiting("an idle, compatible existing worker")
+        else:
+            self._set_state(JobState.PROVISIONING, "an idle, compatible existing worker")
         reserved = await run_step(
             "reserve",
             StoreActivities.reserve_existing_workers,
@@ -360,12 +381,17 @@ class ProvisionJob:
         self._status.attempts.append(attempt)
         self._stack = CompensationStack()
         metrics.offer_tried(offer)
-        workflow.upsert_search_attributes(
-            [
-                search_attributes.PROVIDER.value_set(offer.provider),
-                search_attributes.REGION.value_set(offer.region),
-            ]
-        )
+        placement = [
+            search_attributes.PROVIDER.value_set(offer.provider),
+            search_attributes.REGION.value_set(offer.region),
+        ]
+        if versions.lean() and self._status.state is not JobState.PROVISIONING:
+            # The first offer tried: the job moves to provisioning in the same upsert (each
+            # upsert is an event, and a visibility write on the server).
+            placement.append(search_attributes.STATE.value_set(JobState.PROVISIONING.value))
+            metrics.job_state(JobState.PROVISIONING)
+            self._status.state = JobState.PROVISIONING
+        workflow.upsert_search_attributes(placement)
         await self._record_estimate(offer)
         saga = AttemptSaga(
             self._spec, attempt, self._capabilities[offer.provider], self._stack, self._waiting

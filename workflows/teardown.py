@@ -1,5 +1,8 @@
 """Teardown of one node: delete, confirm gone, then record it. Never marked done early.
 
+Jobs started on this code (`versions.lean()`) run it as one activity, `retire`; older histories
+and the reconciler use the separate steps (`terminate`, then `cleanup`).
+
 A node is `terminated` only after observe-by-identity shows nothing left; a teardown that gives
 up (terminate, or the cleanup of side resources) is recorded as a possible orphan in the
 database for the reconciler; a node whose terminate gave up is `leaked` in the job status.
@@ -17,6 +20,7 @@ with workflow.unsafe.imports_passed_through():
     from providers.base import Capabilities
     from workflows import policy, versions
     from workflows.steps import (
+        CLOUD_STEP,
         SHORT_STEP,
         heartbeat_timeout,
         in_rounds,
@@ -60,6 +64,36 @@ async def _delete_and_confirm(node: NodeInstance, hints: Capabilities) -> None:
         heartbeat_timeout=heartbeat_timeout(hints),
         retry_policy=policy.TEARDOWN_RETRY,
         summary=f"wait for {node.vm} to be gone",
+    )
+
+
+async def retire(node: NodeInstance, hints: Capabilities) -> None:
+    """The whole teardown of one node as one activity (`versions.lean()`): delete, confirm gone,
+    mark terminated, clean up the side resources. A failure before gone leaves the node
+    `leaked`; a failed cleanup leaves it terminated. Either is recorded as a possible orphan for
+    the reconciler, as `terminate` and `cleanup` do."""
+    try:
+        await in_rounds(lambda: _retire_once(node, hints))
+    except StepFailure as failure:
+        if failure.step == "cleanup":
+            node.status = "terminated" if node.instance_ids else "not_created"
+            await _record_orphan(node, f"cleanup: {failure}")
+        else:
+            node.status = "leaked"
+            await _record_orphan(node, str(failure))
+        raise
+    node.status = "terminated" if node.instance_ids else "not_created"
+
+
+async def _retire_once(node: NodeInstance, hints: Capabilities) -> None:
+    node.instance_ids = await run_step(
+        "retire",
+        CloudActivities.retire,
+        VmInput(location=node.location, vm=node.vm, ids=node.instance_ids),
+        start_to_close_timeout=wait_timeout(hints.delete_timeout) + 2 * CLOUD_STEP,
+        heartbeat_timeout=heartbeat_timeout(hints),
+        retry_policy=policy.TEARDOWN_RETRY,
+        summary=f"tear down {node.vm}",
     )
 
 

@@ -12,6 +12,11 @@ command of the first workflow task, before any local activity, and every later `
 the memoised answer. (A marker first recorded mid-run, in a workflow task that also resolved a
 local activity, made a query's replay fail with a nondeterminism error: see
 tests/workflows/test_coalescing.py, which caught it.)
+`lean()` is the second gate (issue 8, fewer server round trips per job): the job's search
+attributes start from what the client set at start (queued, gpu) and change in one upsert when
+the first offer is tried (provisioning, provider, region); a node's teardown is one activity
+(`retire`: delete, confirm gone, mark terminated, clean up) pushed once before its prepare.
+`lean()` implies `current()`.
 To change workflow code again: add a new id here, gate the change on it, and keep the old branch
 until no open workflow and no committed history needs it (docs/architecture.md, "Changing
 workflow code safely").
@@ -22,13 +27,21 @@ from __future__ import annotations
 from temporalio import workflow
 
 RELEASE_2026_11 = "gpuprov-2026-11-30"
+RELEASE_2026_12 = "gpuprov-2026-12-01"
 
 
 def adopt() -> None:
-    """Record (or, replaying, read) the version gate before the workflow does anything else."""
+    """Record (or, replaying, read) the version gates before the workflow does anything else."""
     current()
+    lean()
 
 
 def current() -> bool:
     """True for workflows started on this code; False when replaying an older history."""
     return workflow.patched(RELEASE_2026_11)
+
+
+def lean() -> bool:
+    """True for workflows started on this code (issue 8's leaner lifecycle); False when
+    replaying a history recorded before it."""
+    return current() and workflow.patched(RELEASE_2026_12)
