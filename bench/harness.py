@@ -30,7 +30,7 @@ from bench.cpu import CpuTimes, cpu_now
 from gpuprov import search_attributes
 from gpuprov.binaries import temporal_binary
 from gpuprov.client import GpuprovClient
-from gpuprov.config import FakeProviderConfig, JobsSettings
+from gpuprov.config import FakeProviderConfig, JobsSettings, TemporalSettings
 from gpuprov.engine import build_worker, open_records
 from gpuprov.models import JobSpec
 
@@ -107,6 +107,8 @@ async def bench_worker(
             records,
             api_url="http://127.0.0.1:9",  # nothing listens: the fake runs no node agent here
             jobs=JobsSettings(),
+            # What a deployed worker runs (`[temporal] workflow_sandbox`, off by default).
+            sandboxed=TemporalSettings().workflow_sandbox,
             **worker_options(max_jobs),
         )
         try:

@@ -54,6 +54,12 @@ class TemporalSettings(Model):
     # max_concurrent_activities bounds the jobs one worker can have booting at once.
     max_concurrent_activities: int = Field(default=500, ge=1)
     max_cached_workflows: int = Field(default=1000, ge=0)
+    # Run workflow code inside temporalio's sandbox (a runtime guard against non-determinism).
+    # Off by default: the sandbox costs about a quarter of the worker's CPU per job, and the
+    # worker is GIL-bound (docs/performance.md). The guard stays where it catches mistakes:
+    # the test suite runs every workflow sandboxed, and tests/workflows/test_determinism.py
+    # checks every module under workflows/ for clocks, randomness and I/O.
+    workflow_sandbox: bool = False
 
 
 class DatabaseSettings(Model):

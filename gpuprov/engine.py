@@ -12,7 +12,7 @@ from typing import Any
 from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, TelemetryConfig
 from temporalio.runtime import Runtime as TemporalRuntime
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from activities.bootstrap import BootstrapActivities, RecordsJoinTokens
 from activities.cloud import CloudActivities
@@ -91,13 +91,17 @@ def build_worker(
     skipped: dict[str, str] | None = None,
     ssh_key_dir: Path | None = None,
     ssh_bootstrap: set[str] | None = None,
+    sandboxed: bool = True,
     **worker_options: Any,
 ) -> Worker:
     """The gpuprov worker; `worker_options` go to temporalio's Worker unchanged (the benchmark
     raises max_concurrent_activities and max_cached_workflows for 1000 concurrent jobs).
 
     With `ssh_key_dir` (the worker's SSH key directory, activities/ssh_keys.py) the worker also
-    runs the SSH bootstrap, for the providers in `ssh_bootstrap`."""
+    runs the SSH bootstrap, for the providers in `ssh_bootstrap`.
+
+    `sandboxed` runs workflow code in temporalio's sandbox: the default here, so every test's
+    worker has the runtime guard; `running_worker` passes `[temporal] workflow_sandbox`."""
     jobs = jobs or JobsSettings()
     token_ttl = timedelta(seconds=jobs.join_token_ttl_seconds)
     enrolment = Enrolment(records, api_url, token_ttl)
@@ -118,6 +122,8 @@ def build_worker(
     cloud = CloudActivities(
         providers, enrolment, skipped, ssh_bootstrap=set(ssh_bootstrap or ()), keys=keys
     )
+    if not sandboxed:
+        worker_options.setdefault("workflow_runner", UnsandboxedWorkflowRunner())
     return Worker(
         client,
         task_queue=task_queue,
@@ -166,6 +172,7 @@ async def running_worker(client: Client, settings: Settings) -> AsyncIterator[Ru
         ssh_key_dir=Path(settings.temporal.data_dir) / "ssh",
         max_concurrent_activities=settings.temporal.max_concurrent_activities,
         max_cached_workflows=settings.temporal.max_cached_workflows,
+        sandboxed=settings.temporal.workflow_sandbox,
         ssh_bootstrap={
             provider_id
             for provider_id in providers
