@@ -4,6 +4,9 @@
 - skipped_providers: configured clouds left out for lack of credentials, with the reason.
 - plan: one provider's offers, split into compatible and rejected (with reasons).
 - prepare / cleanup: per-VM side resources.
+- launch: prepare then create in one activity (jobs on the 2026-12-01 code); retire: delete,
+  wait until gone, mark the row terminated, cleanup, in one activity. Their failures name the
+  part that failed (`prepare`, `create`, `delete`, `wait_gone`, `cleanup`).
 - create: one attempt; on any retry it observes first and adopts what landed, so a lost
   response never becomes a second machine. Before the cloud call it records the VM row and
   mints the node's join token (activities/enrolment.py); the token never leaves the activity.
@@ -125,6 +128,7 @@ class CloudActivities:
             self.plan,
             self.prepare,
             self.create,
+            self.launch,
             self.delete,
             self.cleanup,
             self.observe,
@@ -193,18 +197,51 @@ class CloudActivities:
         async with _beating():
             return await self._create_once(request, provider, spec)
 
+    @activity.defn(name="launch")
+    async def launch(self, request: PrepareInput) -> list[str]:
+        """prepare then create, one activity (one server round trip fewer per node): the
+        prepared JSON goes straight to create instead of through history. A retry adopts what
+        an earlier attempt created, else prepares again (prepare is idempotent per VM) and
+        creates. A failure names its part, `prepare` or `create`."""
+        provider = self._provider(request.offer.provider)
+        spec = request.spec
+        async with _beating():
+            adopted = await self._adopted(provider, request.offer, spec, step="create")
+            if adopted is not None:
+                return adopted
+            with classified("prepare"):
+                prepared = await provider.prepare(request.offer, spec)
+            create = CreateInput(offer=request.offer, prepared=prepared, spec=spec)
+            return await self._create_once(create, provider, spec, step="create", adopt=False)
+
+    async def _adopted(
+        self, provider: CloudProvider, offer: Offer, spec: InstanceSpec, step: str | None
+    ) -> list[str] | None:
+        """On a retry: what an earlier attempt created with its response lost, recorded."""
+        if activity.info().attempt <= 1:
+            return None
+        with classified(step):
+            existing = await provider.observe(offer.location, spec.vm)
+        if not existing:
+            return None
+        ids = [o.id for o in existing]
+        activity.logger.info("adopting %s for %s", ids, spec.vm)
+        await self._created(spec.vm, ids)
+        return ids
+
     async def _create_once(
-        self, request: CreateInput, provider: CloudProvider, spec: InstanceSpec
+        self,
+        request: CreateInput,
+        provider: CloudProvider,
+        spec: InstanceSpec,
+        step: str | None = None,
+        adopt: bool = True,
     ) -> list[str]:
-        with classified():
-            if activity.info().attempt > 1:
-                # An earlier attempt may have landed with its response lost: adopt it.
-                existing = await provider.observe(request.offer.location, spec.vm)
-                if existing:
-                    ids = [o.id for o in existing]
-                    activity.logger.info("adopting %s for %s", ids, spec.vm)
-                    await self._created(spec.vm, ids)
-                    return ids
+        if adopt:
+            adopted = await self._adopted(provider, request.offer, spec, step)
+            if adopted is not None:
+                return adopted
+        with classified(step):
             if self._enrolment is not None:
                 spec = await asyncio.to_thread(self._enrolment.record_and_mint, request.offer, spec)
             if request.offer.provider in self._ssh_bootstrap:

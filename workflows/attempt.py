@@ -5,6 +5,8 @@ over SSH, where the provider's nodes are bootstrapped that way] -> wait for each
 registration and check its reported capabilities. Each undo is pushed on the compensation stack
 *before* the step it undoes starts, because a create can land even when its response is lost.
 Any failure propagates as StepFailure; the job decides (by policy) what to do with it.
+On the 2026-12-01 code (`versions.lean()`) prepare + create is one `launch` activity per node,
+and its one undo (`teardown.retire`) is pushed before it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows import teardown, versions
     from workflows.compensation import Compensation, CompensationStack
     from workflows.steps import (
+        CLOUD_STEP,
         CREATE_HEARTBEAT,
         heartbeat_timeout,
         run_all,
@@ -71,13 +74,17 @@ class AttemptSaga:
     async def bring_up(self) -> None:
         offer, count = self.offer, len(self.nodes)
         specs = [self._instance_spec(node) for node in self.nodes]
-        self._waiting(f"prepare on {offer.id} for {count} node(s)")
-        prepared = await run_all(self._prepare(spec, node) for spec, node in self._pairs(specs))
-        self._waiting(f"create {count} instance(s) of {offer.instance_type} on {offer.id}")
-        await run_all(
-            self._create(spec, node, data)
-            for (spec, node), data in zip(self._pairs(specs), prepared, strict=True)
-        )
+        if versions.lean():
+            self._waiting(f"create {count} instance(s) of {offer.instance_type} on {offer.id}")
+            await run_all(self._launch(spec, node) for spec, node in self._pairs(specs))
+        else:
+            self._waiting(f"prepare on {offer.id} for {count} node(s)")
+            prepared = await run_all(self._prepare(spec, node) for spec, node in self._pairs(specs))
+            self._waiting(f"create {count} instance(s) of {offer.instance_type} on {offer.id}")
+            await run_all(
+                self._create(spec, node, data)
+                for (spec, node), data in zip(self._pairs(specs), prepared, strict=True)
+            )
         self._waiting(
             f"running: {count} instance(s) booting on {offer.id} "
             f"(boot_timeout {self.hints.boot_timeout:g}s)"
@@ -101,20 +108,25 @@ class AttemptSaga:
             labels={"gpuprov-job": self.spec.name},
         )
 
+    async def _launch(self, spec: InstanceSpec, node: NodeInstance) -> None:
+        """prepare + create as one activity. Its one undo is pushed first: retire deletes
+        whatever carries the identity (nothing, if create never ran) and cleans up the side
+        resources; never skipped, since those need it even when no instance was created."""
+        self.stack.push(
+            Compensation(name=f"tear down {node.vm}", run=lambda: teardown.retire(node, self.hints))
+        )
+        node.instance_ids = await run_step(
+            "launch",
+            CloudActivities.launch,
+            PrepareInput(offer=self.offer, spec=spec),
+            start_to_close_timeout=2 * CLOUD_STEP,
+            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
+            heartbeat_timeout=CREATE_HEARTBEAT,
+            summary=f"create {spec.vm} on {self.offer.id}",
+        )
+
     async def _prepare(self, spec: InstanceSpec, node: NodeInstance) -> dict[str, Any]:
-        if versions.lean():
-            # One undo for the node, whatever of prepare and create landed: retire deletes
-            # what carries the identity (nothing, if create never ran) and cleans up. Never
-            # skipped: the side resources need it even when no instance was created.
-            self.stack.push(
-                Compensation(
-                    name=f"tear down {node.vm}", run=lambda: teardown.retire(node, self.hints)
-                )
-            )
-        else:
-            self.stack.push(
-                Compensation(name=f"cleanup {node.vm}", run=lambda: teardown.cleanup(node))
-            )
+        self.stack.push(Compensation(name=f"cleanup {node.vm}", run=lambda: teardown.cleanup(node)))
         return await run_step(
             "prepare",
             CloudActivities.prepare,
@@ -125,15 +137,14 @@ class AttemptSaga:
     async def _create(
         self, spec: InstanceSpec, node: NodeInstance, prepared: dict[str, Any]
     ) -> None:
-        if not versions.lean():  # lean: the node's undo, pushed before prepare, terminates too
-            self.stack.push(
-                Compensation(
-                    name=f"terminate {node.vm}",
-                    run=lambda: teardown.terminate(node, self.hints),
-                    terminates=True,
-                    has_instances=lambda: bool(node.instance_ids),
-                )
+        self.stack.push(
+            Compensation(
+                name=f"terminate {node.vm}",
+                run=lambda: teardown.terminate(node, self.hints),
+                terminates=True,
+                has_instances=lambda: bool(node.instance_ids),
             )
+        )
         node.instance_ids = await run_step(
             "create",
             CloudActivities.create,

@@ -37,7 +37,7 @@ LOCAL_STEPS = STORE_STEPS | {"describe", "release_workers", "record_orphan", "re
 # the 5-minute start-to-close (chaos finding 4: 300 s stalls per step a killed worker held).
 CALL_HEARTBEAT = timedelta(seconds=15)
 CREATE_HEARTBEAT = CALL_HEARTBEAT
-HEARTBEATING_CALLS = frozenset({"plan", "prepare", "create", "delete", "cleanup"})
+HEARTBEATING_CALLS = frozenset({"plan", "prepare", "create", "launch", "delete", "cleanup"})
 
 
 async def run_step(step: str, activity: Any, *args: Any, **options: Any) -> Any:

@@ -133,7 +133,7 @@ async def test_cloud_calls_are_scheduled_with_a_heartbeat_timeout(
         if event.HasField("activity_task_scheduled_event_attributes"):
             scheduled = event.activity_task_scheduled_event_attributes
             heartbeats[scheduled.activity_type.name] = scheduled.heartbeat_timeout.ToSeconds()
-    for step in ("plan", "prepare", "create", "retire"):
+    for step in ("plan", "launch", "retire"):
         assert 0 < heartbeats[step] <= 15, (step, heartbeats)
 
 
