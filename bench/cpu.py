@@ -1,5 +1,5 @@
-"""CPU seconds used by this process (the worker and the driver, in-process) and by its child
-processes (the Temporal dev server), read from /proc on Linux; zeros elsewhere."""
+"""CPU seconds used by this process (the worker, in-process) and by its child processes (the
+Temporal dev server; the driver reports its own), read from /proc on Linux; zeros elsewhere."""
 
 from __future__ import annotations
 
@@ -11,11 +11,14 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class CpuTimes:
-    bench: float  # this process: worker + driver (+ the baseline loop when it runs)
+    bench: float  # this process: the worker and the fake cloud (+ the baseline loop later)
     server: float  # child processes: the Temporal dev server
+    driver: float = 0.0  # the client process (bench/driver.py), start-up included
 
     def __sub__(self, other: CpuTimes) -> CpuTimes:
-        return CpuTimes(self.bench - other.bench, self.server - other.server)
+        return CpuTimes(
+            self.bench - other.bench, self.server - other.server, self.driver - other.driver
+        )
 
 
 def cpu_now() -> CpuTimes:

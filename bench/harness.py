@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from temporalio.api.enums.v1 import EventType
@@ -27,15 +28,13 @@ from temporalio.testing import WorkflowEnvironment
 
 from bench.cloud import TimedCloud
 from bench.cpu import CpuTimes, cpu_now
+from bench.driver import DriverRequest, DriverResult
 from gpuprov import search_attributes
 from gpuprov.binaries import temporal_binary
 from gpuprov.client import GpuprovClient
 from gpuprov.config import FakeProviderConfig, JobsSettings, TemporalSettings
 from gpuprov.engine import build_worker, open_records
-from gpuprov.models import JobSpec
 
-# How often the driver looks for ready jobs to release (one list call for all of them).
-DETECT_INTERVAL = 0.2
 HISTORY_FETCHES = 16  # concurrent fetch_history calls after a batch
 
 
@@ -153,18 +152,6 @@ class JobTiming:
         return self.completed - self.released
 
 
-def bench_job(name: str, nodes: int = 1) -> JobSpec:
-    """The single-node job every scenario submits (8x H100, generous timeouts)."""
-    return JobSpec.model_validate(
-        {
-            "name": name,
-            "nodes": nodes,
-            "resources": {"gpu": "H100", "gpus_per_node": 8},
-            "provisioning_timeout_seconds": 3600,
-        }
-    )
-
-
 def job_names(prefix: str, count: int) -> list[str]:
     run = uuid.uuid4().hex[:6]
     return [f"{prefix}-{run}-{index}" for index in range(count)]
@@ -177,51 +164,42 @@ class Batch:
 
 
 async def run_jobs(bench: BenchWorker, names: list[str], timeout: float) -> Batch:
-    """Submit every job at once, release each as soon as it is ready, wait for all to end,
-    then read their histories. BenchTimeout after `timeout` seconds."""
+    """Submit every job at once and release each as soon as it is ready, from a separate
+    client process (bench/driver.py); wait for all to end, then read their histories.
+    BenchTimeout after `timeout` seconds."""
     timings = {name: JobTiming(name=name, submitted=0.0) for name in names}
+    temporal = bench.client.temporal
+    request = DriverRequest(
+        address=temporal.service_client.config.target_host,
+        namespace=temporal.namespace,
+        task_queue=bench.task_queue,
+        names=names,
+    )
     started, cpu_before = time.monotonic(), cpu_now()
+    driver = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.driver",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
     try:
         async with asyncio.timeout(timeout):
-            await asyncio.gather(*(_submit(bench, timings[name]) for name in names))
-            await _release_when_ready(bench, timings)
+            output, _ = await driver.communicate(request.model_dump_json().encode())
     except TimeoutError:
+        driver.kill()
+        await driver.wait()
         raise BenchTimeout(f"timed out after {time.monotonic() - started:.0f}s") from None
-    cpu = cpu_now() - cpu_before
-    await _read_histories(bench.client.temporal, list(timings.values()))
+    if driver.returncode != 0:
+        raise RuntimeError(f"bench driver exited {driver.returncode}")
+    # The driver has exited: the children counted now are the dev server alone.
+    result = DriverResult.model_validate_json(output)
+    cpu = replace(cpu_now() - cpu_before, driver=result.cpu_seconds)
+    for name, timing in timings.items():
+        timing.submitted = result.submitted[name]
+        timing.released = result.released.get(name)
+    await _read_histories(temporal, list(timings.values()))
     return Batch(list(timings.values()), cpu)
-
-
-async def _submit(bench: BenchWorker, timing: JobTiming) -> None:
-    timing.submitted = time.time()
-    await bench.client.submit(bench_job(timing.name))
-
-
-async def _release_when_ready(bench: BenchWorker, timings: dict[str, JobTiming]) -> None:
-    """One visibility query per DETECT_INTERVAL finds ready jobs for the whole batch (per-job
-    status polling would load the worker we are measuring: queries run on the worker)."""
-    temporal = bench.client.temporal
-    queue = f"TaskQueue = '{bench.task_queue}'"
-    ready_query = (
-        f"{queue} AND {search_attributes.STATE.name} = 'ready' AND ExecutionStatus = 'Running'"
-    )
-    closed_query = f"{queue} AND ExecutionStatus != 'Running'"
-    while True:
-        fresh = []
-        async for execution in temporal.list_workflows(ready_query):
-            timing = timings.get(execution.id.removeprefix("job-"))
-            if timing is not None and timing.released is None:
-                fresh.append(timing)
-        await asyncio.gather(*(_release(bench, timing) for timing in fresh))
-        closed = await temporal.count_workflows(closed_query)
-        if closed.count >= len(timings):
-            return
-        await asyncio.sleep(DETECT_INTERVAL)
-
-
-async def _release(bench: BenchWorker, timing: JobTiming) -> None:
-    timing.released = time.time()
-    await bench.client.job(timing.name).release()
 
 
 async def _read_histories(temporal: Client, timings: list[JobTiming]) -> None:

@@ -92,7 +92,7 @@ def _overhead(results: BenchResults) -> list[str]:
         "baseline gone p50 / p99",
         "jobs done",
         "steps retried",
-        "CPU s: bench / server",
+        "CPU s: worker / server",
         "peak RSS so far (MiB)",
     ]
     return lines + _table(header, rows) + [""] + _failures(results.overhead)
@@ -164,16 +164,21 @@ def _throughput(results: BenchResults) -> list[str]:
         "## Throughput (one worker, zero cloud latency)",
         "",
         f"Fake cloud: {_timing_text(ZERO)}. All jobs submitted at once; each released as soon as "
-        "the bench sees it ready (one visibility query per 0.2 s). The worker runs in the bench "
-        "process, so peak RSS (ru_maxrss) covers worker + driver; the dev server is a separate "
-        "process and not counted. CPU: seconds used during the batch by the bench process "
-        "(worker + driver) and by the dev server, per job.",
+        "the bench's client sees it ready (one visibility query per 0.2 s). The client runs in "
+        "its own process (bench/driver.py), as a service would; the worker runs in the bench "
+        "process with the fake cloud, so peak RSS (ru_maxrss) covers worker + fake cloud; the "
+        "dev server is a separate process and not counted. CPU: seconds used during the batch "
+        "by the bench process (worker + fake cloud), by the dev server and by the client, "
+        "per job.",
         "",
     ]
     done = sum(t.ok for t in run.timings)
     per_job = "-"
     if run.cpu is not None and done:
-        per_job = f"{1000 * run.cpu.bench / done:.0f} / {1000 * run.cpu.server / done:.0f}"
+        cpu = run.cpu
+        per_job = " / ".join(
+            f"{1000 * part / done:.0f}" for part in (cpu.bench, cpu.server, cpu.driver)
+        )
     row = [
         str(run.jobs),
         f"{done}" + (f" ({run.error})" if run.error else ""),
@@ -187,7 +192,7 @@ def _throughput(results: BenchResults) -> list[str]:
         "done",
         "wall (s)",
         "jobs/s",
-        "CPU ms per job: bench / server",
+        "CPU ms per job: worker / server / client",
         "peak RSS (MiB)",
     ]
     return lines + _table(header, [row]) + [""]

@@ -23,11 +23,11 @@ from temporalio.client import Client
 from bench.baseline import run_baseline
 from bench.cloud import CallRecord
 from bench.cpu import CpuTimes
+from bench.driver import bench_job
 from bench.harness import (
     BenchTimeout,
     BenchWorker,
     JobTiming,
-    bench_job,
     bench_worker,
     job_names,
     run_jobs,
