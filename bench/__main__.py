@@ -79,6 +79,10 @@ async def run_all(
             f"throughput, {sizes.throughput} jobs",
             scenarios.throughput(client, sizes.throughput, limit(sizes.throughput, 0.5)),
         )
+        results.floor = await step(
+            f"Temporal floor, {sizes.throughput} jobs",
+            scenarios.floor(client, sizes.throughput, limit(sizes.throughput, 0.5)),
+        )
     for jobs in sizes.overhead if "overhead" in only else ():
         run = await step(
             f"overhead + baseline, {jobs} jobs",

@@ -167,12 +167,16 @@ async def run_jobs(bench: BenchWorker, names: list[str], timeout: float) -> Batc
     """Submit every job at once and release each as soon as it is ready, from a separate
     client process (bench/driver.py); wait for all to end, then read their histories.
     BenchTimeout after `timeout` seconds."""
+    return await run_jobs_on(bench.client.temporal, bench.task_queue, names, timeout)
+
+
+async def run_jobs_on(temporal: Client, task_queue: str, names: list[str], timeout: float) -> Batch:
+    """`run_jobs` for whatever worker serves `task_queue` (the floor's, bench/floor.py)."""
     timings = {name: JobTiming(name=name, submitted=0.0) for name in names}
-    temporal = bench.client.temporal
     request = DriverRequest(
         address=temporal.service_client.config.target_host,
         namespace=temporal.namespace,
-        task_queue=bench.task_queue,
+        task_queue=task_queue,
         names=names,
     )
     started, cpu_before = time.monotonic(), cpu_now()

@@ -15,6 +15,7 @@ from bench.scenarios import (
     ZERO,
     FailoverSample,
     OverheadRun,
+    ThroughputRun,
     batch_wall,
 )
 from bench.stats import (
@@ -172,22 +173,11 @@ def _throughput(results: BenchResults) -> list[str]:
         "per job.",
         "",
     ]
-    done = sum(t.ok for t in run.timings)
-    per_job = "-"
-    if run.cpu is not None and done:
-        cpu = run.cpu
-        per_job = " / ".join(
-            f"{1000 * part / done:.0f}" for part in (cpu.bench, cpu.server, cpu.driver)
-        )
-    row = [
-        str(run.jobs),
-        f"{done}" + (f" ({run.error})" if run.error else ""),
-        fmt(run.wall, 1),
-        fmt(run.jobs_per_second, 1),
-        per_job,
-        f"{run.peak_rss_mb:.0f}",
-    ]
+    rows = [_throughput_row("gpuprov", run)]
+    if results.floor is not None:
+        rows.append(_throughput_row("Temporal floor (bench/floor.py)", results.floor))
     header = [
+        "workflow",
         "jobs",
         "done",
         "wall (s)",
@@ -195,7 +185,36 @@ def _throughput(results: BenchResults) -> list[str]:
         "CPU ms per job: worker / server / client",
         "peak RSS (MiB)",
     ]
-    return lines + _table(header, [row]) + [""]
+    lines += _table(header, rows) + [""]
+    floor = results.floor.jobs_per_second if results.floor is not None else None
+    if floor and run.jobs_per_second:
+        lines += [
+            "The floor is a workflow of the happy path's shape doing no work (3 activities to "
+            "ready, the ready upsert, the release signal, 1 activity to gone): the most one "
+            "worker reaches with a workflow per job on this dev server and these cores. "
+            f"gpuprov runs at {run.jobs_per_second / floor:.0%} of it.",
+            "",
+        ]
+    return lines
+
+
+def _throughput_row(label: str, run: ThroughputRun) -> list[str]:
+    done = sum(t.ok for t in run.timings)
+    per_job = "-"
+    if run.cpu is not None and done:
+        cpu = run.cpu
+        per_job = " / ".join(
+            f"{1000 * part / done:.0f}" for part in (cpu.bench, cpu.server, cpu.driver)
+        )
+    return [
+        label,
+        str(run.jobs),
+        f"{done}" + (f" ({run.error})" if run.error else ""),
+        fmt(run.wall, 1),
+        fmt(run.jobs_per_second, 1),
+        per_job,
+        f"{run.peak_rss_mb:.0f}",
+    ]
 
 
 def _failover(results: BenchResults) -> list[str]:

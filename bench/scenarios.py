@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import resource
 import time
+import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,7 @@ from bench.baseline import run_baseline
 from bench.cloud import CallRecord
 from bench.cpu import CpuTimes
 from bench.driver import bench_job
+from bench.floor import floor_worker
 from bench.harness import (
     BenchTimeout,
     BenchWorker,
@@ -31,7 +33,9 @@ from bench.harness import (
     bench_worker,
     job_names,
     run_jobs,
+    run_jobs_on,
     terminate_all,
+    worker_options,
 )
 from gpuprov.config import FakeInstanceType, FakeProviderConfig, FakeRegion, FaultRule
 from providers.errors import ErrorKind
@@ -186,6 +190,22 @@ async def throughput(client: Client, jobs: int, timeout: float) -> ThroughputRun
         except BenchTimeout as error:
             result.error = str(error)
             await terminate_all(client, bench.task_queue)
+    result.peak_rss_mb = peak_rss_mb()
+    return result
+
+
+async def floor(client: Client, jobs: int, timeout: float) -> ThroughputRun:
+    """The same N jobs through a workflow of gpuprov's shape that does no work (bench/floor.py):
+    what Temporal itself costs per job on this machine."""
+    result = ThroughputRun(jobs=jobs)
+    task_queue = f"floor-{uuid.uuid4().hex[:10]}"
+    async with floor_worker(client, task_queue, **worker_options(jobs)):
+        try:
+            batch = await run_jobs_on(client, task_queue, job_names("floor", jobs), timeout)
+            result.timings, result.cpu = batch.timings, batch.cpu
+        except BenchTimeout as error:
+            result.error = str(error)
+            await terminate_all(client, task_queue)
     result.peak_rss_mb = peak_rss_mb()
     return result
 

@@ -16,6 +16,7 @@ class BenchResults:
     machine: str
     quick: bool
     throughput: ThroughputRun | None = None
+    floor: ThroughputRun | None = None  # the same jobs through a no-work skeleton
     overhead: list[OverheadRun] = field(default_factory=list)
     failover: list[FailoverRun] = field(default_factory=list)
     observe: list[ObserveRun] = field(default_factory=list)

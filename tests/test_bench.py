@@ -28,6 +28,8 @@ async def test_bench_smallest_sizes_run_and_render(client: Client) -> None:
 
     assert results.throughput is not None and results.throughput.error is None
     assert all(t.ok for t in results.throughput.timings)
+    assert results.floor is not None and results.floor.error is None
+    assert all(t.ok for t in results.floor.timings)  # the no-work skeleton ends like a job
     for run in results.overhead:
         assert run.error is None
         assert [t.ok for t in run.gpuprov] == [True] * run.jobs
@@ -52,3 +54,4 @@ async def test_bench_smallest_sizes_run_and_render(client: Client) -> None:
     ):
         assert heading in report
     assert f"| single node, happy path (1 job) | {happy.events} |" in report
+    assert "| Temporal floor (bench/floor.py) | 5 | 5 |" in report
