@@ -22,7 +22,6 @@ from typing import Any
 
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
 from temporalio.testing import WorkflowEnvironment
 
@@ -33,6 +32,7 @@ from gpuprov import search_attributes
 from gpuprov.binaries import temporal_binary
 from gpuprov.client import GpuprovClient
 from gpuprov.config import FakeProviderConfig, JobsSettings, TemporalSettings
+from gpuprov.converter import PYDANTIC_DATA_CONVERTER
 from gpuprov.engine import build_worker, open_records
 
 HISTORY_FETCHES = 16  # concurrent fetch_history calls after a batch
@@ -59,7 +59,7 @@ async def dev_server() -> AsyncIterator[Client]:
     env = await WorkflowEnvironment.start_local(
         runtime=Runtime(telemetry=TelemetryConfig(logging=quiet)),
         dev_server_existing_path=temporal_binary(),
-        data_converter=pydantic_data_converter,
+        data_converter=PYDANTIC_DATA_CONVERTER,
         search_attributes=list(search_attributes.ALL),
         dev_server_log_level="error",
     )

@@ -23,7 +23,6 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from google.protobuf.message import DecodeError
 from temporalio.api.common.v1 import Payload
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import (
     DataConverter,
     DefaultFailureConverterWithEncodedAttributes,
@@ -31,6 +30,7 @@ from temporalio.converter import (
 )
 
 from gpuprov.config import CodecSettings
+from gpuprov.converter import PYDANTIC_DATA_CONVERTER
 
 ENCODING = b"binary/encrypted"
 KEY_ID = "encryption-key-id"
@@ -129,17 +129,17 @@ def codec_for(settings: CodecSettings | None) -> EncryptionCodec | None:
 def data_converter(settings: CodecSettings | None) -> DataConverter:
     """The converter for every Temporal client and worker of gpuprov.
 
-    No keys: pydantic_data_converter itself. Keys: the same converter with the encryption
-    codec, and failure messages and stack traces moved into the (encrypted) encoded
-    attributes while new payloads are encrypted.
+    No keys: the pydantic JSON converter itself (gpuprov/converter.py). Keys: the same
+    converter with the encryption codec, and failure messages and stack traces moved into the
+    (encrypted) encoded attributes while new payloads are encrypted.
     """
     codec = codec_for(settings)
     if codec is None:
-        return pydantic_data_converter
+        return PYDANTIC_DATA_CONVERTER
     if codec.active_key is None:  # decode-only: nothing new is encrypted
-        return dataclasses.replace(pydantic_data_converter, payload_codec=codec)
+        return dataclasses.replace(PYDANTIC_DATA_CONVERTER, payload_codec=codec)
     return dataclasses.replace(
-        pydantic_data_converter,
+        PYDANTIC_DATA_CONVERTER,
         payload_codec=codec,
         failure_converter_class=DefaultFailureConverterWithEncodedAttributes,
     )

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from gpuprov import search_attributes
 from gpuprov.binaries import temporal_binary
+from gpuprov.converter import PYDANTIC_DATA_CONVERTER
 from gpuprov.db import Database
 from gpuprov.records import Records
 from tests.postgres import postgres_scratch, postgres_url  # noqa: F401  (fixtures)
@@ -39,7 +39,7 @@ for _name in [n for n in os.environ if n.startswith(_CLOUD_CREDENTIAL_PREFIXES)]
 async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
-        data_converter=pydantic_data_converter,
+        data_converter=PYDANTIC_DATA_CONVERTER,
         search_attributes=list(search_attributes.ALL),
     )
     yield env

@@ -36,6 +36,7 @@ from gpuprov.codec import (
 )
 from gpuprov.codec_server import create_codec_app, endpoint_url, ui_origins
 from gpuprov.config import CodecSettings, ConfigError, FaultRule, Settings, load_settings
+from gpuprov.converter import PYDANTIC_DATA_CONVERTER
 from gpuprov.dev import dev_stack, free_port
 from gpuprov.models import JobSpec, JobState
 from providers.errors import ErrorKind
@@ -170,14 +171,38 @@ def test_codec_rejects_bad_keys_and_never_shows_them():
 # ---------------------------------------------------------------- the data converter
 
 
-async def test_data_converter_is_pydantics_own_without_keys():
-    assert data_converter(None) is pydantic_data_converter
-    assert data_converter(CodecSettings()) is pydantic_data_converter
+async def test_data_converter_is_the_pydantic_one_without_keys():
+    assert data_converter(None) is PYDANTIC_DATA_CONVERTER
+    assert data_converter(CodecSettings()) is PYDANTIC_DATA_CONVERTER
+
+
+def test_the_converters_of_every_context_share_one_type_adapter_cache():
+    """The SDK builds a payload converter per workflow activation and per activity; a typed
+    decode must not build its pydantic TypeAdapter again in each (issue 8)."""
+    first = PYDANTIC_DATA_CONVERTER.payload_converter_class()
+    second = PYDANTIC_DATA_CONVERTER.payload_converter_class()
+    json_first, json_second = first.converters[b"json/plain"], second.converters[b"json/plain"]
+    assert json_first is json_second
+    spec = job("cache-unit")
+    [payload] = first.to_payloads([spec])
+    assert second.from_payloads([payload], [JobSpec]) == [spec]
+    hits = json_first._type_adapter.cache_info().hits
+    assert first.from_payloads([payload], [JobSpec]) == [spec]
+    assert json_first._type_adapter.cache_info().hits == hits + 1
+
+
+async def test_the_wire_format_is_pydantic_data_converters():
+    """Histories written by either converter read with the other."""
+    spec = job("wire-unit")
+    ours = await PYDANTIC_DATA_CONVERTER.encode([spec])
+    theirs = await pydantic_data_converter.encode([spec])
+    assert ours == theirs
+    assert await pydantic_data_converter.decode(ours, [JobSpec]) == [spec]
 
 
 async def test_data_converter_with_keys_encrypts_models_and_failure_messages():
     converter = data_converter(settings(keys={"k1": generate_key()}, active_key="k1"))
-    assert converter.payload_converter_class is pydantic_data_converter.payload_converter_class
+    assert converter.payload_converter_class is PYDANTIC_DATA_CONVERTER.payload_converter_class
     assert isinstance(converter.payload_codec, EncryptionCodec)
     assert isinstance(converter.failure_converter, DefaultFailureConverterWithEncodedAttributes)
 
