@@ -18,6 +18,7 @@ from activities.bootstrap import BootstrapActivities, RecordsJoinTokens
 from activities.cloud import CloudActivities
 from activities.enrolment import Enrolment
 from activities.health import HealthActivities
+from activities.job_context import JobContextActivities
 from activities.k3s import K3sActivities
 from activities.reconcile import ReconcileActivities
 from activities.ssh_keys import KeyStore
@@ -132,6 +133,7 @@ def build_worker(
             *cloud.all(),
             *over_ssh,
             *store.all(),
+            *JobContextActivities(cloud, store).all(),
             # The reconciler asks Temporal (through this worker's client) which jobs are live.
             *ReconcileActivities(providers, records, client).all(),
             *HealthActivities(providers, records, keys).all(),

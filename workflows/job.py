@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.cloud import CloudActivities, PlanInput
     from activities.errors import NO_BLOCK, StepFailure
     from activities.health import HealthInput
+    from activities.job_context import ContextInput, JobContextActivities
     from activities.k3s import K3sActivities, K3sInput, K3sNode
     from activities.store import (
         BlockInput,
@@ -83,6 +84,8 @@ class ProvisionJob:
         self._release_requested = False
         self._capabilities: dict[str, Capabilities] = {}
         self._stack = CompensationStack()
+        # Capabilities and shared blocks read by job_context, for the first plan only.
+        self._prefetched: tuple[dict[str, Capabilities], list[Block]] | None = None
 
     @workflow.query
     def status(self) -> JobStatus:
@@ -167,6 +170,8 @@ class ProvisionJob:
 
     async def _reserve_existing_workers(self) -> bool:
         """Idle, compatible existing workers for every node, or none at all."""
+        if versions.lean():
+            return await self._read_job_context()
         if self._spec.profile == "k3s":
             # The k3s profile installs over SSH on machines the job provisions; an existing
             # worker offers no SSH endpoint to the control plane.
@@ -191,6 +196,29 @@ class ProvisionJob:
         )
         self._status.existing_workers = reserved  # freed by _free_workers at any ending
         return bool(reserved)
+
+    async def _read_job_context(self) -> bool:
+        """One local activity (activities/job_context.py): the providers' capabilities and the
+        shared blocks for the first plan, then existing workers reserved for every node (none
+        for the k3s profile, which installs over SSH on machines the job provisions)."""
+        k3s = self._spec.profile == "k3s"
+        reserve = None
+        if not k3s:
+            reserve = ReserveInput(
+                job=self._spec.name, request=self._spec.resource_request(), nodes=self._spec.nodes
+            )
+        self._waiting(
+            "offers (the k3s profile provisions)" if k3s else "an idle, compatible existing worker"
+        )
+        context = await run_step(
+            "job_context",
+            JobContextActivities.job_context,
+            ContextInput(reserve=reserve),
+            start_to_close_timeout=SHORT_STEP,
+        )
+        self._status.existing_workers = context.reserved  # freed by _free_workers at any ending
+        self._prefetched = (context.capabilities, context.blocks)
+        return bool(context.reserved)
 
     async def _free_workers(self) -> None:
         """Existing workers back to idle, managed workers revoked (idempotent). Runs on every
@@ -337,14 +365,19 @@ class ProvisionJob:
         return min(waits) if waits else None
 
     async def _plan(self) -> list[Offer]:
-        self._capabilities, shared_blocks = await asyncio.gather(
-            run_step(
-                "describe",
-                CloudActivities.describe_providers,
-                start_to_close_timeout=SHORT_STEP,
-            ),
-            run_step("blocks", StoreActivities.active_blocks, start_to_close_timeout=SHORT_STEP),
-        )
+        if self._prefetched is not None:  # the job's first plan reads what job_context read
+            (self._capabilities, shared_blocks), self._prefetched = self._prefetched, None
+        else:
+            self._capabilities, shared_blocks = await asyncio.gather(
+                run_step(
+                    "describe",
+                    CloudActivities.describe_providers,
+                    start_to_close_timeout=SHORT_STEP,
+                ),
+                run_step(
+                    "blocks", StoreActivities.active_blocks, start_to_close_timeout=SHORT_STEP
+                ),
+            )
         own = [block for block in self._status.blocks if block.expires_at is None]
         self._status.blocks = own + [
             block for block in shared_blocks if not any(_same(block, o) for o in own)

@@ -26,7 +26,7 @@ WAIT_MARGIN = timedelta(minutes=2)
 MIN_HEARTBEAT = 15.0
 # Bookkeeping steps (the database): a short outage is waited out, not failed over.
 STORE_STEPS = frozenset(
-    {"reserve", "blocks", "record_cost", "record_block", "mark_vm", "mark_placed"}
+    {"job_context", "reserve", "blocks", "record_cost", "record_block", "mark_vm", "mark_placed"}
 )
 # Steps that run as local activities (in the workflow task, on the worker running the workflow):
 # short database and configuration reads and writes. No activity task round trip, no three

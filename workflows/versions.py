@@ -14,7 +14,9 @@ local activity, made a query's replay fail with a nondeterminism error: see
 tests/workflows/test_coalescing.py, which caught it.)
 `lean()` is the second gate (issue 8, fewer server round trips per job): the job's search
 attributes start from what the client set at start (queued, gpu) and change in one upsert when
-the first offer is tried (provisioning, provider, region); a node's bring-up is one activity
+the first offer is tried (provisioning, provider, region); a job first reads what it needs in
+one local activity (`job_context`: capabilities, shared blocks, existing workers reserved); a
+node's bring-up is one activity
 (`launch`: prepare, create) and its teardown one (`retire`: delete, confirm gone, mark
 terminated, clean up), pushed once before the launch.
 `lean()` implies `current()`.

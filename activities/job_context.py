@@ -1,0 +1,47 @@
+"""job_context: what a job reads before it provisions, as one local activity (issue 8).
+
+Jobs started on the 2026-12-01 code (`versions.lean()`) begin with this one step instead of
+three in a row (`reserve_existing_workers`, then `describe_providers` and `active_blocks`): the
+providers' capabilities, the shared blocks, and idle compatible existing workers reserved for
+every node (or none). The reads come first and the reservation, the only write, last, so a
+retry after a failed read never reserves twice. A job that re-plans later (after waiting for a
+block to lapse) reads capabilities and blocks again with the separate steps.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from temporalio import activity
+
+from activities.cloud import CloudActivities
+from activities.store import ReserveInput, StoreActivities
+from gpuprov.models import Block, ExistingWorker
+from providers.base import Capabilities, Model
+
+
+class ContextInput(Model):
+    reserve: ReserveInput | None = None  # None: provision, never take existing workers (k3s)
+
+
+class JobContext(Model):
+    capabilities: dict[str, Capabilities] = Field(default_factory=dict)
+    blocks: list[Block] = Field(default_factory=list)
+    reserved: list[ExistingWorker] = Field(default_factory=list)
+
+
+class JobContextActivities:
+    def __init__(self, cloud: CloudActivities, store: StoreActivities) -> None:
+        self._cloud = cloud
+        self._store = store
+
+    def all(self) -> list[object]:
+        return [self.job_context]
+
+    @activity.defn(name="job_context")
+    async def job_context(self, request: ContextInput) -> JobContext:
+        capabilities = await self._cloud.describe_providers()
+        blocks = await self._store.active_blocks()
+        reserved = []
+        if request.reserve is not None:
+            reserved = await self._store.reserve_existing_workers(request.reserve)
+        return JobContext(capabilities=capabilities, blocks=blocks, reserved=reserved)
