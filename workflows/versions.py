@@ -19,7 +19,7 @@ one local activity (`job_context`: capabilities, shared blocks, existing workers
 node's bring-up is one activity
 (`launch`: prepare, create) and its teardown one (`retire`: delete, confirm gone, mark
 terminated, clean up), pushed once before the launch.
-`lean()` implies `current()`.
+`lean()` implies `current()`, and a lean workflow records only the 2026-12-01 marker.
 To change workflow code again: add a new id here, gate the change on it, and keep the old branch
 until no open workflow and no committed history needs it (docs/architecture.md, "Changing
 workflow code safely").
@@ -34,17 +34,18 @@ RELEASE_2026_12 = "gpuprov-2026-12-01"
 
 
 def adopt() -> None:
-    """Record (or, replaying, read) the version gates before the workflow does anything else."""
+    """Record (or, replaying, read) the version gate before the workflow does anything else."""
     current()
-    lean()
-
-
-def current() -> bool:
-    """True for workflows started on this code; False when replaying an older history."""
-    return workflow.patched(RELEASE_2026_11)
 
 
 def lean() -> bool:
     """True for workflows started on this code (issue 8's leaner lifecycle); False when
-    replaying a history recorded before it."""
-    return current() and workflow.patched(RELEASE_2026_12)
+    replaying a history recorded before it. Asked first: a lean workflow records only this
+    marker (each marker also upserts the TemporalChangeVersion search attribute)."""
+    return workflow.patched(RELEASE_2026_12)
+
+
+def current() -> bool:
+    """True for workflows started on the 2026-11-30 code or later; False when replaying an
+    older history. A lean workflow is current without the 2026-11-30 marker."""
+    return lean() or workflow.patched(RELEASE_2026_11)
