@@ -7,10 +7,10 @@
    generated client key and its `host_key_fingerprint` the sshd's ed25519 key, so nothing is
    trusted on first use. `ssh_bootstrap` is on (the ssh provider's default).
 3. A 1-node job restricted to the ssh provider, needing no GPU (this machine may have none):
-   create claims the host; wait_running sees sshd answer with that host key; the bootstrap step
-   logs in, uploads gpuprov/agent.py and runs it with a fresh join token on its stdin; the
-   agent probes this machine and registers through the API; the job is ready once that
-   registration arrives and fits.
+   launch (prepare + create) claims the host; wait_running sees sshd answer with that host
+   key; the bootstrap step logs in, uploads gpuprov/agent.py and runs it with a fresh join
+   token on its stdin; the agent probes this machine and registers through the API; the job
+   is ready once that registration arrives and fits.
 4. The demo prints the job's steps from its Temporal history, the host key the bootstrap
    verified, the node's reported capabilities and `gpuprov health` for it; releases the job;
    checks that cleanup removed the agent's directory from the node; stops everything, sshd
@@ -45,7 +45,7 @@ DEMO_JOB = "demo-ssh"
 HOST_NAME = "this-machine"
 TIMEOUT = 120.0
 # The steps of the job's history worth showing, in the order they happen.
-SHOWN_STEPS = {"plan", "prepare", "create", "wait_running", "bootstrap"}
+SHOWN_STEPS = {"plan", "prepare", "create", "launch", "wait_running", "bootstrap"}
 REGISTRATION_UPDATE = "register_worker"
 
 

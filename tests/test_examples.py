@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 from pathlib import Path
 from types import ModuleType
 
@@ -34,7 +35,8 @@ async def test_sdk_service_example_gets_ready_releases_and_prints_the_nodes(
 
     out = capsys.readouterr().out
     assert f"submitted {job_name} (workflow job-{job_name})" in out
-    assert "  provisioning:" in out  # progress while waiting
+    # progress while waiting: queued (planning), then provisioning (an offer being tried)
+    assert re.search(r"^  (queued|provisioning): \S", out, re.MULTILINE), out
     assert "ready: 10.00 USD/hour" in out
     vm = final.nodes[0].vm  # <job>-a1-n0-<run tag>
     assert vm.startswith(f"{job_name}-a1-n0-")

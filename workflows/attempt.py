@@ -5,8 +5,9 @@ over SSH, where the provider's nodes are bootstrapped that way] -> wait for each
 registration and check its reported capabilities. Each undo is pushed on the compensation stack
 *before* the step it undoes starts, because a create can land even when its response is lost.
 Any failure propagates as StepFailure; the job decides (by policy) what to do with it.
-On the 2026-12-01 code (`versions.lean()`) prepare + create is one `launch` activity per node,
-and its one undo (`teardown.retire`) is pushed before it.
+On the 2026-12-01 code (`versions.lean()`) a node's one undo (`teardown.retire`) is pushed
+before its prepare, and a single-node job runs prepare + create as one `launch` activity (a
+multi-node job keeps the barrier: every node prepared before any machine is created).
 """
 
 from __future__ import annotations
@@ -74,7 +75,9 @@ class AttemptSaga:
     async def bring_up(self) -> None:
         offer, count = self.offer, len(self.nodes)
         specs = [self._instance_spec(node) for node in self.nodes]
-        if versions.lean():
+        if versions.lean() and count == 1:
+            # One node: prepare + create as one activity. Several nodes keep the barrier: every
+            # node is prepared (has its place) before any machine is created and paid for.
             self._waiting(f"create {count} instance(s) of {offer.instance_type} on {offer.id}")
             await run_all(self._launch(spec, node) for spec, node in self._pairs(specs))
         else:
@@ -108,13 +111,17 @@ class AttemptSaga:
             labels={"gpuprov-job": self.spec.name},
         )
 
-    async def _launch(self, spec: InstanceSpec, node: NodeInstance) -> None:
-        """prepare + create as one activity. Its one undo is pushed first: retire deletes
-        whatever carries the identity (nothing, if create never ran) and cleans up the side
-        resources; never skipped, since those need it even when no instance was created."""
+    def _push_retire(self, node: NodeInstance) -> None:
+        """The node's one undo (lean): retire deletes whatever carries the identity (nothing,
+        if create never ran) and cleans up the side resources. Never skipped: those need it
+        even when no instance was created."""
         self.stack.push(
             Compensation(name=f"tear down {node.vm}", run=lambda: teardown.retire(node, self.hints))
         )
+
+    async def _launch(self, spec: InstanceSpec, node: NodeInstance) -> None:
+        """prepare + create as one activity, its undo pushed first."""
+        self._push_retire(node)
         node.instance_ids = await run_step(
             "launch",
             CloudActivities.launch,
@@ -126,7 +133,12 @@ class AttemptSaga:
         )
 
     async def _prepare(self, spec: InstanceSpec, node: NodeInstance) -> dict[str, Any]:
-        self.stack.push(Compensation(name=f"cleanup {node.vm}", run=lambda: teardown.cleanup(node)))
+        if versions.lean():
+            self._push_retire(node)  # the node's one undo, covering its create too
+        else:
+            self.stack.push(
+                Compensation(name=f"cleanup {node.vm}", run=lambda: teardown.cleanup(node))
+            )
         return await run_step(
             "prepare",
             CloudActivities.prepare,
@@ -137,14 +149,15 @@ class AttemptSaga:
     async def _create(
         self, spec: InstanceSpec, node: NodeInstance, prepared: dict[str, Any]
     ) -> None:
-        self.stack.push(
-            Compensation(
-                name=f"terminate {node.vm}",
-                run=lambda: teardown.terminate(node, self.hints),
-                terminates=True,
-                has_instances=lambda: bool(node.instance_ids),
+        if not versions.lean():  # lean: the retire pushed before prepare terminates too
+            self.stack.push(
+                Compensation(
+                    name=f"terminate {node.vm}",
+                    run=lambda: teardown.terminate(node, self.hints),
+                    terminates=True,
+                    has_instances=lambda: bool(node.instance_ids),
+                )
             )
-        )
         node.instance_ids = await run_step(
             "create",
             CloudActivities.create,

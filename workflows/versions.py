@@ -16,9 +16,9 @@ tests/workflows/test_coalescing.py, which caught it.)
 attributes start from what the client set at start (queued, gpu) and change in one upsert when
 the first offer is tried (provisioning, provider, region); a job first reads what it needs in
 one local activity (`job_context`: capabilities, shared blocks, existing workers reserved); a
-node's bring-up is one activity
-(`launch`: prepare, create) and its teardown one (`retire`: delete, confirm gone, mark
-terminated, clean up), pushed once before the launch.
+single-node job's bring-up is one activity (`launch`: prepare, create; several nodes keep
+prepare-all-then-create-all) and a node's teardown one (`retire`: delete, confirm gone, mark
+terminated, clean up), pushed once before its prepare or launch.
 `lean()` implies `current()`, and a lean workflow records only the 2026-12-01 marker.
 To change workflow code again: add a new id here, gate the change on it, and keep the old branch
 until no open workflow and no committed history needs it (docs/architecture.md, "Changing

@@ -58,8 +58,8 @@ async def test_demo_ssh_bootstraps_the_agent_over_real_ssh_and_leaves_nothing_be
     # The history: the host ran and answered SSH, then bootstrap began; the agent it started
     # registered through the API while bootstrap waited for it; the job was ready after that.
     steps = re.findall(r"\+\s*[\d.]+s  (\S+)", out)
-    assert steps[:4] == ["plan", "prepare", "create", "wait_running"], out
-    assert steps[4:] == ["bootstrap", "register_worker:", "bootstrap"], out
+    assert steps[:3] == ["plan", "launch", "wait_running"], out  # launch: prepare + create
+    assert steps[3:] == ["bootstrap", "register_worker:", "bootstrap"], out
 
     # Bootstrap logged in to that sshd and verified the configured host key.
     booted = re.search(

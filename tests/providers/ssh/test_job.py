@@ -29,6 +29,9 @@ from providers.ssh.config import SshConfig, SshHost
 from tests.helpers import job, until
 from tests.sshd import free_port, running_sshd
 
+# A job waits in queued (planning) and then provisioning (an offer being brought up).
+WAITING_STATES = (JobState.QUEUED, JobState.PROVISIONING)
+
 
 async def bootstrap_result(client: Client, job_name: str) -> dict[str, Any]:
     """What the workflow's bootstrap step returned, read back from the job's history."""
@@ -106,9 +109,7 @@ async def test_a_job_fails_over_to_the_reachable_machine_registers_and_releases_
                 )
                 handle = await gpuprov.submit(spec)
 
-                ready = await until(
-                    handle, lambda s: s.state is not JobState.PROVISIONING, timeout=60
-                )
+                ready = await until(handle, lambda s: s.state not in WAITING_STATES, timeout=60)
                 [node] = ready.live_nodes()
                 assert node.ssh is not None and node.instance_ids == ["box"]
                 booted = await bootstrap_result(client, job_name)

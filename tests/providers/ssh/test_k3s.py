@@ -44,6 +44,9 @@ if [ "$role" = server ]; then
 fi
 """
 
+# A job waits in queued (planning) and then provisioning (an offer being brought up).
+WAITING_STATES = (JobState.QUEUED, JobState.PROVISIONING)
+
 
 async def test_a_k3s_job_runs_the_server_on_node_0_and_joins_the_others(
     tmp_path: Path, client: Client, task_queue: str, job_name: str
@@ -103,7 +106,7 @@ async def test_a_k3s_job_runs_the_server_on_node_0_and_joins_the_others(
                     health_check_interval_seconds=None,
                 )
                 handle = await gpuprov.submit(spec)
-                ready = await until(handle, lambda s: s.state is not JobState.PROVISIONING)
+                ready = await until(handle, lambda s: s.state not in WAITING_STATES)
                 await handle.release()
                 final = await until(handle, lambda s: s.state.terminal, timeout=30)
                 history = await client.get_workflow_handle(f"job-{job_name}").fetch_history()
