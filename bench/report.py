@@ -284,7 +284,7 @@ def _api_calls(results: BenchResults) -> list[str]:
         f"region for machines that never finish booting ({_timing_text(WAITING)}). Jobs arrive "
         f"in waves of {WAVE}; the count starts once every create has returned. `list` is the "
         "shared region-wide call of observe coalescing, `observe` the per-VM call (a wait "
-        "without coalescing, or the delete step of a job that failed meanwhile).",
+        "without coalescing, or the teardown of a job that failed meanwhile).",
         "",
     ]
     rows = [
