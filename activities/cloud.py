@@ -351,7 +351,8 @@ class CloudActivities:
         (its worker revoked), then remove the side resources. Each part is idempotent, so a
         retry simply does it all again; a failure names the part (`step`) that failed."""
         provider = self._provider(request.location.provider)
-        progress = WaitProgress(started_at=time.time())
+        # A retry keeps the wait's deadline, as wait_gone does.
+        progress = Heartbeater.resume(WaitProgress, WaitProgress(started_at=time.time()))
         async with Heartbeater(progress, beat_at_start=False) as heartbeat:
             with classified("delete"):
                 ids = await _delete_by_identity(provider, request)

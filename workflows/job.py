@@ -175,15 +175,9 @@ class ProvisionJob:
         if self._spec.profile == "k3s":
             # The k3s profile installs over SSH on machines the job provisions; an existing
             # worker offers no SSH endpoint to the control plane.
-            if versions.lean():
-                self._waiting("offers (the k3s profile provisions)")
-            else:
-                self._set_state(JobState.PROVISIONING, "offers (the k3s profile provisions)")
+            self._set_state(JobState.PROVISIONING, "offers (the k3s profile provisions)")
             return False
-        if versions.lean():  # queued until an offer is tried (DESIGN: lifecycle step 4)
-            self._waiting("an idle, compatible existing worker")
-        else:
-            self._set_state(JobState.PROVISIONING, "an idle, compatible existing worker")
+        self._set_state(JobState.PROVISIONING, "an idle, compatible existing worker")
         reserved = await run_step(
             "reserve",
             StoreActivities.reserve_existing_workers,
@@ -200,7 +194,8 @@ class ProvisionJob:
     async def _read_job_context(self) -> bool:
         """One local activity (activities/job_context.py): the providers' capabilities and the
         shared blocks for the first plan, then existing workers reserved for every node (none
-        for the k3s profile, which installs over SSH on machines the job provisions)."""
+        for the k3s profile, which installs over SSH on machines the job provisions). The job
+        stays queued until it tries an offer (DESIGN: lifecycle step 4)."""
         k3s = self._spec.profile == "k3s"
         reserve = None
         if not k3s:
