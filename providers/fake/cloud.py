@@ -110,7 +110,7 @@ class FakeCloud(CloudProvider):
         await self._enter("observe", region=location.region, vm=vm)
         now = time.time()
         observed = []
-        for row in self.state.instances(vm=vm, region=location.region):
+        for row in self.state.instances(vm=vm, region=location.region, gone_by=self._gone_by(now)):
             instance = self._observed(row, now)
             if instance is None:
                 continue
@@ -123,7 +123,7 @@ class FakeCloud(CloudProvider):
         await self._enter("list", region=location.region)
         now = time.time()
         by_vm: dict[str, list[Observed]] = {}
-        for row in self.state.instances(region=location.region):
+        for row in self.state.instances(region=location.region, gone_by=self._gone_by(now)):
             instance = self._observed(row, now)
             if instance is None:
                 continue
@@ -149,6 +149,10 @@ class FakeCloud(CloudProvider):
         return self.state.live_instances(self.config.delete_delay_seconds)
 
     # ------------------------------------------------------------------ internals
+
+    def _gone_by(self, now: float) -> float:
+        """Instances deleted at or before this time are gone from what the cloud reports."""
+        return now - self.config.delete_delay_seconds
 
     def _boot_agent(self, row: InstanceRow) -> None:
         """A booted instance's agent registers once; observe is where the fake notices the

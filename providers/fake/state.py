@@ -30,6 +30,7 @@ CREATE TABLE IF NOT EXISTS instances (
     agent_state TEXT NOT NULL DEFAULT 'pending'
 );
 CREATE INDEX IF NOT EXISTS instances_vm ON instances (vm, region);
+CREATE INDEX IF NOT EXISTS instances_region ON instances (region, deleted_at);
 CREATE TABLE IF NOT EXISTS side_resources (
     vm TEXT NOT NULL,
     region TEXT NOT NULL,
@@ -152,15 +153,20 @@ class FakeCloudState:
             db.execute("UPDATE instances SET id = ? WHERE seq = ?", (instance_id, cursor.lastrowid))
         return instance_id
 
-    def instances(self, vm: str | None = None, region: str | None = None) -> list[InstanceRow]:
+    def instances(
+        self, vm: str | None = None, region: str | None = None, gone_by: float | None = None
+    ) -> list[InstanceRow]:
+        """Every instance ever created (the ledger), or, with `gone_by`, only those not deleted
+        at or before that time: a region's list stays as cheap as its live instances."""
         query = (
             "SELECT id, vm, region, zone, offer_id, instance_type, boot_mode, created_at, "
             "deleted_at, api_url, join_token, agent_state FROM instances "
             "WHERE (? IS NULL OR vm = ?) AND (? IS NULL OR region = ?) "
+            "AND (? IS NULL OR deleted_at IS NULL OR deleted_at > ?) "
             "ORDER BY seq"
         )
-        rows = self._db.execute(query, (vm, vm, region, region)).fetchall()
-        return [InstanceRow(*row) for row in rows]
+        args = (vm, vm, region, region, gone_by, gone_by)
+        return [InstanceRow(*row) for row in self._db.execute(query, args).fetchall()]
 
     def set_agent_state(self, instance_id: str, agent_state: str) -> None:
         with self._transaction() as db:
@@ -183,12 +189,7 @@ class FakeCloudState:
 
     def live_instances(self, delete_delay: float) -> list[InstanceRow]:
         """Instances not yet gone: never deleted, or deleted less than `delete_delay` ago."""
-        now = time.time()
-        return [
-            row
-            for row in self.instances()
-            if row.deleted_at is None or now - row.deleted_at < delete_delay
-        ]
+        return self.instances(gone_by=time.time() - delete_delay)
 
     # ------------------------------------------------------------------ side resources
 
