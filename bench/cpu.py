@@ -1,5 +1,7 @@
 """CPU seconds used by this process (the worker, in-process) and by its child processes (the
-Temporal dev server; the driver reports its own), read from /proc on Linux; zeros elsewhere."""
+Temporal dev server; the driver reports its own), read from /proc on Linux; zeros elsewhere.
+And the speed of one core, as a plain Python loop, so that reports from different machines can
+be told apart."""
 
 from __future__ import annotations
 
@@ -44,3 +46,16 @@ def _children_cpu() -> float:
             fields = stat.rsplit(")", 1)[1].split()
             total += (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
     return total
+
+
+def python_loop_ms_per_million(steps: int = 3_000_000, repeats: int = 3) -> float:
+    """Milliseconds per million steps of `total += i` in a plain Python loop, best of
+    `repeats`: the single-core speed the worker (pure Python) gets on this machine."""
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        total = 0
+        for i in range(steps):
+            total += i
+        best = min(best, time.perf_counter() - started)
+    return best * 1e6 / steps * 1e3
