@@ -191,6 +191,22 @@ async def test_delete_makes_it_stopping_then_gone_after_delete_delay() -> None:
     assert cloud.live_instances() == []
 
 
+async def test_region_list_leaves_out_gone_instances_and_the_ledger_keeps_them() -> None:
+    cloud = FakeCloud(config())
+    gone, stopping = "job-gone-n0", "job-stopping-n0"
+    gone_ids = await launch(cloud, vm=gone)
+    stopping_ids = await launch(cloud, vm=stopping)
+    await launch(cloud, vm=VM)
+    await cloud.delete(R1, gone, gone_ids)
+    await asyncio.sleep(DELETE * 2)
+    await cloud.delete(R1, stopping, stopping_ids)
+    listed = await cloud.observe_region(R1)
+    assert set(listed) == {VM, stopping}
+    assert [o.status for o in listed[stopping]] == [InstanceStatus.STOPPING]
+    assert len(cloud.state.instances(region="r1")) == 3  # the ledger forgets nothing
+    assert [row.vm for row in cloud.live_instances()] == [stopping, VM]
+
+
 async def test_deleting_twice_does_not_restart_the_stopping_clock() -> None:
     cloud = FakeCloud(config())
     ids = await launch(cloud)
