@@ -26,8 +26,10 @@ $(SSHD):
 	$$([ "$$(id -u)" = 0 ] || echo sudo) sh -c 'export DEBIAN_FRONTEND=noninteractive; \
 		apt-get install -y openssh-server || { apt-get update && apt-get install -y openssh-server; }'
 
+# Two test processes (pytest-xdist), one per core: the suite waits on servers and subprocesses
+# as much as it computes. Each process has its own Temporal dev server and PostgreSQL.
 test: $(STAMP) $(SSHD)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2
 
 # A job bootstrapped over real SSH on this machine: a throwaway OpenSSH sshd on loopback
 # (gpuprov/local_sshd.py), the node agent started through it. Needs root, like the SSH tests.
