@@ -80,6 +80,14 @@ def _time(moment: datetime) -> Any:
     return sa.literal(moment, UtcDateTime())
 
 
+def _terminated(now: datetime) -> dict[str, Any]:
+    """A VM row's terminated status, stamped once: a repeat keeps the first terminated_at."""
+    return {
+        "status": "terminated",
+        "terminated_at": sa.func.coalesce(VmRecord.terminated_at, _time(now)),
+    }
+
+
 def _update(entity: type[Any]) -> sa.Update:
     # The session never holds a stale copy we care about: each method re-reads after writing.
     return sa.update(entity).execution_options(synchronize_session=False)
@@ -139,9 +147,7 @@ class Records:
     def set_vm_status(self, vm: str, status: str) -> None:
         """Set the status; "terminated" also stamps terminated_at (once: a repeat keeps it)."""
         _check(status, VM_STATUSES, "VM status")
-        values: dict[str, Any] = {"status": status}
-        if status == "terminated":
-            values["terminated_at"] = sa.func.coalesce(VmRecord.terminated_at, _time(utcnow()))
+        values = _terminated(utcnow()) if status == "terminated" else {"status": status}
         self._update_vm(vm, values)
 
     def vm_terminated(self, vm: str) -> None:
@@ -152,14 +158,7 @@ class Records:
             job = session.exec(select(VmRecord.job).where(VmRecord.vm == vm)).first()
             if job is None:
                 return
-            session.exec(
-                _update(VmRecord)
-                .where(col(VmRecord.vm) == vm)
-                .values(
-                    status="terminated",
-                    terminated_at=sa.func.coalesce(VmRecord.terminated_at, _time(now)),
-                )
-            )
+            session.exec(_update(VmRecord).where(col(VmRecord.vm) == vm).values(_terminated(now)))
             session.exec(
                 _update(WorkerRecord)
                 .where(
