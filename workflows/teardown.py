@@ -36,8 +36,7 @@ async def terminate(node: NodeInstance, hints: Capabilities) -> None:
         node.status = "leaked"
         await _record_orphan(node, str(failure))
         raise
-    # Nothing ever found under the identity: the create made nothing (it failed before any id).
-    node.status = "terminated" if node.instance_ids else "not_created"
+    node.status = _gone_status(node)
     await run_step(
         "mark_vm",
         StoreActivities.mark_vm,
@@ -76,13 +75,19 @@ async def retire(node: NodeInstance, hints: Capabilities) -> None:
         await in_rounds(lambda: _retire_once(node, hints))
     except StepFailure as failure:
         if failure.step == "cleanup":
-            node.status = "terminated" if node.instance_ids else "not_created"
+            node.status = _gone_status(node)
             await _record_orphan(node, f"cleanup: {failure}")
         else:
             node.status = "leaked"
             await _record_orphan(node, str(failure))
         raise
-    node.status = "terminated" if node.instance_ids else "not_created"
+    node.status = _gone_status(node)
+
+
+def _gone_status(node: NodeInstance) -> str:
+    """A node confirmed gone is terminated; if nothing was ever found under its identity, the
+    create made nothing (it failed before any id) and it is not_created."""
+    return "terminated" if node.instance_ids else "not_created"
 
 
 async def _retire_once(node: NodeInstance, hints: Capabilities) -> None:
