@@ -30,7 +30,7 @@ from providers.base import (
     SshEndpoint,
     Verdict,
 )
-from providers.errors import ErrorKind
+from providers.errors import BlockScope, ErrorKind
 
 JOB_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 
@@ -271,12 +271,6 @@ class NodeInstance(Model):
     def record_observed(self, observed: list[Observed]) -> None:
         self.instance_ids = [instance.id for instance in observed]
         self.ssh = next((o.ssh for o in observed if o.ssh is not None), None)
-
-
-class BlockScope(StrEnum):
-    OFFER = "offer"
-    REGION = "region"
-    PROVIDER = "provider"
 
 
 class Block(Model):

@@ -22,12 +22,26 @@ class ErrorKind(StrEnum):
     CREDENTIALS = "Credentials"  # authentication or authorisation failure
 
 
+class BlockScope(StrEnum):
+    """What a failure blocks for later attempts (this job's and, with an expiry, every job's).
+
+    NONE fails over without blocking anything: the failure says nothing about the offer (a
+    timeout on our side, the control plane down while nodes tried to register).
+    """
+
+    NONE = "none"
+    OFFER = "offer"
+    REGION = "region"
+    PROVIDER = "provider"
+
+
 class ProviderError(Exception):
     """A classified provider failure.
 
     `message` should carry the cloud's own words (code and text) so a user reading the job's
     failure sees what the cloud said. `retry_after` (seconds) honours a cloud's Retry-After.
-    `block_scope` lets an adapter widen (or narrow) the block for this error.
+    `block_scope` lets an adapter widen (or narrow, down to BlockScope.NONE) the block for this
+    error; None leaves it to the policy.
     """
 
     def __init__(
@@ -35,15 +49,15 @@ class ProviderError(Exception):
         kind: ErrorKind,
         message: str,
         retry_after: float | None = None,
-        block_scope: str | None = None,
+        block_scope: BlockScope | None = None,
     ) -> None:
         super().__init__(f"{kind.value}: {message}")
         self.kind = ErrorKind(kind)
         self.message = message
         self.retry_after = retry_after
-        # Overrides the policy's block scope for this one error ("offer", "region",
-        # "provider"), e.g. a quota that names every region of the account.
-        self.block_scope = block_scope
+        # Overrides the policy's block scope for this one error, e.g. a quota that names every
+        # region of the account.
+        self.block_scope = BlockScope(block_scope) if block_scope is not None else None
 
     def __reduce__(self) -> tuple[object, ...]:
         return (ProviderError, (self.kind, self.message, self.retry_after, self.block_scope))
