@@ -3,19 +3,19 @@
 - describe_providers: enabled provider ids and their Capabilities (the wait bounds).
 - skipped_providers: configured clouds left out for lack of credentials, with the reason.
 - plan: one provider's offers, split into compatible and rejected (with reasons).
-- prepare / cleanup: per-VM side resources.
-- launch: prepare then create in one activity (jobs on the 2026-12-01 code); retire: delete,
-  wait until gone, mark the row terminated, cleanup, in one activity. Their failures name the
-  part that failed (`prepare`, `create`, `delete`, `wait_gone`, `cleanup`).
+- prepare: per-VM side resources (a job of several nodes prepares every node before creating).
+- launch: prepare then create in one activity (a single-node job); retire: delete, wait until
+  gone, mark the row terminated, clean up the side resources, in one activity (every node's
+  teardown, the reconciler's too). Their failures name the part that failed (`prepare`,
+  `create`, `delete`, `wait_gone`, `cleanup`).
 - create: one attempt; on any retry it observes first and adopts what landed, so a lost
   response never becomes a second machine. Before the cloud call it records the VM row and
   mints the node's join token (activities/enrolment.py); the token never leaves the activity.
-- delete: observes the VM identity and deletes every instance found plus the known ids.
-- wait_running / wait_gone: heartbeating loops over observe at the provider's poll_interval
-  (through activities/observe_hub.py: all waits in one region share one list call),
-  bounded by boot_timeout / delete_timeout (a missed deadline is Failed for that offer); the
-  deadline travels in the heartbeat details, so a retried attempt keeps it.
-- observe / diagnose: read-only.
+- wait_running, and retire's wait for gone: heartbeating loops over observe at the provider's
+  poll_interval (through activities/observe_hub.py: all waits in one region share one list
+  call), bounded by boot_timeout / delete_timeout (a missed deadline is Failed for that offer);
+  the deadline travels in the heartbeat details, so a retried attempt keeps it. Deletion
+  observes the VM identity and deletes every instance found plus the known ids.
 
 ProviderError becomes ApplicationError(type=<ErrorKind>) via `activities.errors.classified`.
 """
@@ -37,7 +37,6 @@ from activities.ssh_keys import KeyStore, host_key_cloud_config
 from providers.base import (
     Capabilities,
     CloudProvider,
-    Diagnosis,
     InstanceSpec,
     InstanceStatus,
     Location,
@@ -87,12 +86,6 @@ class VmInput(Model):
     ids: list[str] = Field(default_factory=list)
 
 
-class DiagnoseInput(Model):
-    location: Location
-    vm: str
-    instance_id: str | None = None
-
-
 class WaitProgress(Model):
     """Heartbeat details of a wait: when it began (the deadline's origin) and what it saw."""
 
@@ -129,12 +122,7 @@ class CloudActivities:
             self.prepare,
             self.create,
             self.launch,
-            self.delete,
-            self.cleanup,
-            self.observe,
-            self.diagnose,
             self.wait_running,
-            self.wait_gone,
             self.retire,
         ]
 
@@ -273,35 +261,6 @@ class CloudActivities:
         if self._enrolment is not None:
             await asyncio.to_thread(self._enrolment.created, vm, ids)
 
-    @activity.defn(name="delete")
-    async def delete(self, request: VmInput) -> list[str]:
-        provider = self._provider(request.location.provider)
-        async with _beating():
-            with classified():
-                return await _delete_by_identity(provider, request)
-
-    @activity.defn(name="cleanup")
-    async def cleanup(self, request: VmInput) -> None:
-        async with _beating():
-            with classified():
-                await self._provider(request.location.provider).cleanup(
-                    request.location, request.vm
-                )
-
-    @activity.defn(name="observe")
-    async def observe(self, request: VmInput) -> list[Observed]:
-        with classified():
-            return await self._provider(request.location.provider).observe(
-                request.location, request.vm
-            )
-
-    @activity.defn(name="diagnose")
-    async def diagnose(self, request: DiagnoseInput) -> Diagnosis:
-        with classified():
-            return await self._provider(request.location.provider).diagnose(
-                request.location, request.vm, request.instance_id
-            )
-
     @activity.defn(name="wait_running")
     async def wait_running(self, request: VmInput) -> list[Observed]:
         """Poll observe until every instance of the VM is Running; Failed or late is Failed."""
@@ -334,15 +293,6 @@ class CloudActivities:
                             f"{hints.boot_timeout:g}s (last seen: {seen})",
                         )
                     await asyncio.sleep(hints.poll_interval)
-
-    @activity.defn(name="wait_gone")
-    async def wait_gone(self, request: VmInput) -> None:
-        """Poll observe until nothing carries the VM identity: only that is proof of gone."""
-        provider = self._provider(request.location.provider)
-        progress = Heartbeater.resume(WaitProgress, WaitProgress(started_at=time.time()))
-        with classified():
-            async with Heartbeater(progress, beat_at_start=False) as heartbeat:
-                await self._until_gone(provider, request, heartbeat)
 
     @activity.defn(name="retire")
     async def retire(self, request: VmInput) -> list[str]:

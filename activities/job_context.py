@@ -1,11 +1,10 @@
-"""job_context: what a job reads before it provisions, as one local activity (issue 8).
+"""job_context: what a job reads before it provisions, as one local activity.
 
-Jobs started on the 2026-12-01 code (`versions.lean()`) begin with this one step instead of
-three in a row (`reserve_existing_workers`, then `describe_providers` and `active_blocks`): the
-providers' capabilities, the shared blocks, and idle compatible existing workers reserved for
-every node (or none). The reads come first and the reservation, the only write, last, so a
-retry after a failed read never reserves twice. A job that re-plans later (after waiting for a
-block to lapse) reads capabilities and blocks again with the separate steps.
+A job begins with this one step instead of three in a row: the providers' capabilities, the
+shared blocks, and idle compatible existing workers reserved for every node (or none). The reads
+come first and the reservation, the only write, last, so a retry after a failed read never
+reserves twice. A job that plans again later (after waiting for a block to lapse) reads
+capabilities and blocks again with the separate steps (`describe_providers`, `active_blocks`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Database activities: the job's durable records beside Temporal's history.
 
-- reserve_existing_workers: all-or-nothing reservation of idle, compatible existing workers
-  (atomic per worker, so two jobs never get the same one).
+- reserve_existing_workers (called by activities/job_context.py): all-or-nothing reservation of
+  idle, compatible existing workers (atomic per worker, so two jobs never get the same one).
 - active_blocks / record_block: blocks shared by every job until they expire.
 - record_cost: the estimate written when an attempt starts (and later actuals).
 - mark_vm: VM row status as teardown confirms it; a terminated VM's worker is revoked.
@@ -85,7 +85,6 @@ class StoreActivities:
 
     def all(self) -> list[Any]:
         return [
-            self.reserve_existing_workers,
             self.active_blocks,
             self.record_block,
             self.record_cost,
@@ -96,7 +95,6 @@ class StoreActivities:
             self.release_job_workers,
         ]
 
-    @activity.defn(name="reserve_existing_workers")
     async def reserve_existing_workers(self, request: ReserveInput) -> list[ExistingWorker]:
         return await asyncio.to_thread(self._reserve_all_or_none, request)
 

@@ -45,7 +45,7 @@ from chaos.processes import DevServer, WorkerProcess
 from chaos.report import Check, JobOutcome, Summary
 from chaos.stalls import THRESHOLD, JobTimes, find_stalls, stall_lines
 from gpuprov import search_attributes
-from gpuprov.api import create_app, serving, temporal_notifier
+from gpuprov.api import create_app, serving
 from gpuprov.client import GpuprovClient, GpuprovError, JobAlreadyExists, JobHandle, JobNotFound
 from gpuprov.dev import free_port
 from gpuprov.engine import open_records
@@ -274,7 +274,7 @@ class ChaosRun:
             self.client = await self.server.wait_ready(None)
             self.server_up.set()
             self.records = open_records(self.database_url)
-            app = create_app(self.records, temporal_notifier(self.client))
+            app = create_app(self.records)
             async with serving(app, "127.0.0.1", self.api_port):
                 try:
                     await self._chaos_phase()

@@ -6,20 +6,20 @@
 The token is checked by its SHA-256 (unknown, used and expired tokens are 401), used once, and
 bound to one VM row (a managed node) or one reservation label (an existing worker). Identity —
 provider, region, label, job — comes from that record; claims in the body that disagree are
-logged and ignored. A managed node's job learns of it through the `register_worker` Update,
-which carries only the worker id and capabilities. If the job refuses it (409) or cannot be
-reached (503), the claim is taken back, so a rejected request changes nothing and the node may
-retry with the same token.
+logged and ignored. The registration is one committed transaction: the token used, the worker
+row written. A managed node's job reads that row (activities/registrations.py); nothing is sent
+to the workflow, so the API needs no Temporal connection. A node whose machine is already being
+torn down is refused (409) with nothing changed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from datetime import UTC, datetime, timedelta
-from typing import Any, Protocol
+from datetime import UTC, datetime
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
@@ -29,15 +29,15 @@ from pydantic import Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gpuprov.models import WorkerCapabilities, WorkerRegistration
+from gpuprov.models import WorkerCapabilities
 from gpuprov.records import Records, TokenRejected
 from providers.base import Model
 
 log = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024
-# How long a registration waits for the job to accept it before answering 503.
-UPDATE_TIMEOUT = timedelta(seconds=10)
+# A machine whose teardown has begun (or ended) registers nothing.
+RETIRED_VM_STATUSES = frozenset({"terminating", "terminated", "orphaned"})
 TOKEN_ERRORS = {
     "unknown": "unknown join token",
     "used": "join token already used",
@@ -72,15 +72,7 @@ class RegisterResponse(Model):
 
 
 class RegistrationRefused(Exception):
-    """The job would not take the registration (it moved on, or the node is not its own)."""
-
-
-class RegistrationUnavailable(Exception):
-    """The job could not be asked right now (Temporal unreachable, no worker): retry."""
-
-
-class JobNotifier(Protocol):
-    async def __call__(self, job: str, registration: WorkerRegistration) -> None: ...
+    """The token's machine is no longer waited for (its teardown has begun)."""
 
 
 class BodyLimit:
@@ -119,7 +111,7 @@ async def _too_large(send: Send) -> None:
     await send({"type": "http.response.body", "body": b"request body too large"})
 
 
-def create_app(records: Records, notify_job: JobNotifier) -> FastAPI:
+def create_app(records: Records) -> FastAPI:
     app = FastAPI(title="gpuprov control plane", version="1")
     app.add_middleware(BodyLimit)
 
@@ -146,42 +138,23 @@ def create_app(records: Records, notify_job: JobNotifier) -> FastAPI:
         responses={
             400: {"description": "the body is not decodable JSON"},
             401: {"description": "unknown, used or expired join token"},
-            409: {"description": "the job refused the node"},
+            409: {"description": "the node's machine is being torn down"},
             413: {"description": "body over 64 KiB"},
-            503: {"description": "the job cannot be reached now; retry"},
         },
     )
     async def register(body: RegisterRequest) -> RegisterResponse:
-        return await _register(records, notify_job, body)
+        return await _register(records, body)
 
     return app
 
 
-async def _register(
-    records: Records, notify_job: JobNotifier, body: RegisterRequest
-) -> RegisterResponse:
-    # The claim commits before the job is asked, so no database lock is held across the
-    # Temporal call (a second node registering meanwhile must not wait on the first). If the
-    # job does not take it, the claim is taken back: the database ends as if the request
-    # never came, and the node may retry with the same token. (A 503 can hide an Update that
-    # did land; the retry then registers a new worker id, which the job accepts in place of
-    # the first while it is still waiting for this node.)
+async def _register(records: Records, body: RegisterRequest) -> RegisterResponse:
     try:
-        claim = await asyncio.to_thread(_claim, records, body)
+        return await asyncio.to_thread(_claim, records, body)
     except TokenRejected as rejected:
         raise HTTPException(401, TOKEN_ERRORS.get(rejected.reason, "invalid token")) from None
-    if claim.vm is None or claim.job is None:
-        return claim  # an existing worker: no job to tell
-    registration = WorkerRegistration(
-        vm=claim.vm, worker_id=claim.worker_id, capabilities=body.capabilities
-    )
-    try:
-        await _notify(notify_job, claim.job, registration)
-    except HTTPException:
-        digest = Records.hash_token(body.token)
-        await asyncio.to_thread(records.undo_registration, digest, claim.worker_id)
-        raise
-    return claim
+    except RegistrationRefused as refused:
+        raise HTTPException(409, str(refused)) from None
 
 
 def _claim(records: Records, body: RegisterRequest) -> RegisterResponse:
@@ -189,6 +162,9 @@ def _claim(records: Records, body: RegisterRequest) -> RegisterResponse:
     with records.db.session() as session:
         token = records.redeem_token(session, body.token, datetime.now(UTC))
         vm = records.get_vm(token.vm) if token.vm else None
+        if vm is not None and vm.status in RETIRED_VM_STATUSES:
+            session.rollback()  # the token stays unused: nothing changed
+            raise RegistrationRefused(f"{vm.vm} is {vm.status}: its job no longer waits for it")
         identity: dict[str, Any] = {
             "provider": vm.provider if vm else None,
             "region": vm.region if vm else None,
@@ -210,15 +186,6 @@ def _claim(records: Records, body: RegisterRequest) -> RegisterResponse:
         )
 
 
-async def _notify(notify_job: JobNotifier, job: str, registration: WorkerRegistration) -> None:
-    try:
-        await notify_job(job, registration)
-    except RegistrationRefused as refused:
-        raise HTTPException(409, f"job {job} refused the registration: {refused}") from None
-    except RegistrationUnavailable as unavailable:
-        raise HTTPException(503, f"job {job} cannot be reached now: {unavailable}") from None
-
-
 def _log_disagreeing_claims(claims: IdentityClaims | None, record: dict[str, Any]) -> None:
     if claims is None:
         return
@@ -230,33 +197,6 @@ def _log_disagreeing_claims(claims: IdentityClaims | None, record: dict[str, Any
                 claimed,
                 record.get(field),
             )
-
-
-def temporal_notifier(client: Any) -> Callable[[str, WorkerRegistration], Awaitable[None]]:
-    """Deliver a registration to job-<name> as the `register_worker` Update."""
-    from temporalio.client import (
-        WorkflowUpdateFailedError,
-        WorkflowUpdateRPCTimeoutOrCancelledError,
-    )
-    from temporalio.service import RPCError, RPCStatusCode
-
-    from gpuprov.models import workflow_id_for
-
-    async def notify(job: str, registration: WorkerRegistration) -> None:
-        handle = client.get_workflow_handle(workflow_id_for(job))
-        try:
-            await handle.execute_update("register_worker", registration, rpc_timeout=UPDATE_TIMEOUT)
-        except WorkflowUpdateFailedError as failed:
-            cause = failed.cause
-            raise RegistrationRefused(getattr(cause, "message", str(cause))) from None
-        except RPCError as error:
-            if error.status in (RPCStatusCode.NOT_FOUND, RPCStatusCode.FAILED_PRECONDITION):
-                raise RegistrationRefused(error.message) from None
-            raise RegistrationUnavailable(error.message) from None
-        except WorkflowUpdateRPCTimeoutOrCancelledError:
-            raise RegistrationUnavailable("no worker accepted the update in time") from None
-
-    return notify
 
 
 @asynccontextmanager

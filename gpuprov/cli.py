@@ -36,13 +36,13 @@ from pydantic import ValidationError
 from gpuprov import agent, schedules
 from gpuprov import demo as demo_module
 from gpuprov import setup as cluster_setup
-from gpuprov.api import create_app, serving, temporal_notifier
+from gpuprov.api import create_app, serving
 from gpuprov.client import GpuprovClient, GpuprovError
 from gpuprov.codec import codec_for
 from gpuprov.codec_server import create_codec_app, endpoint_url, ui_origins
 from gpuprov.config import ConfigError, Settings, load_settings
 from gpuprov.dev import dev_stack, with_default_cloud
-from gpuprov.engine import connect, open_records
+from gpuprov.engine import open_records
 from gpuprov.models import (
     JobSpecError,
     JobState,
@@ -241,12 +241,7 @@ async def _dev(settings: Settings, args: argparse.Namespace) -> int:
 async def _api(settings: Settings, args: argparse.Namespace) -> int:
     records = open_records(settings.database_url)
     try:
-        try:
-            client = await connect(settings.temporal, codec=settings.codec)
-        except RuntimeError as error:
-            address = settings.temporal.address
-            raise GpuprovError(f"cannot reach Temporal at {address}: {error}") from None
-        app = create_app(records, temporal_notifier(client))
+        app = create_app(records)
         async with serving(app, settings.api.host, settings.api.port):
             print(f"control-plane API at http://{settings.api.host}:{settings.api.port}")
             print(f"nodes are told to use {settings.api.url}. Ctrl-C stops.")

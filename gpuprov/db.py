@@ -170,6 +170,7 @@ class WorkerRecord(Table, table=True):
     __table_args__ = (
         sa.Index("ix_workers_job", "job"),
         sa.Index("ix_workers_state", "state"),
+        sa.Index("ix_workers_vm", "vm"),
     )
 
     id: str = Field(default_factory=new_id, primary_key=True)

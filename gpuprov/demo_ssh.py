@@ -46,7 +46,7 @@ HOST_NAME = "this-machine"
 TIMEOUT = 120.0
 # The steps of the job's history worth showing, in the order they happen.
 SHOWN_STEPS = {"plan", "prepare", "create", "launch", "wait_running", "bootstrap"}
-REGISTRATION_UPDATE = "register_worker"
+REGISTRATION_WAIT = "await_registrations"
 
 
 @dataclass
@@ -236,10 +236,8 @@ async def _timeline(temporal: Client, workflow_id: str) -> list[str]:
             scheduled = event.activity_task_completed_event_attributes.scheduled_event_id
             if names.get(scheduled) in SHOWN_STEPS:
                 at(event, f"{names[scheduled]} done")
-        elif event.HasField("workflow_execution_update_accepted_event_attributes"):
-            accepted = event.workflow_execution_update_accepted_event_attributes
-            if accepted.accepted_request.input.name == REGISTRATION_UPDATE:
-                at(event, "register_worker: the agent registered through the API")
+            elif names.get(scheduled) == REGISTRATION_WAIT:
+                at(event, f"{REGISTRATION_WAIT} done: the job read the agent's registration")
     # A started event is written when its activity ends; its time says when it really began.
     return [f"+{elapsed:5.2f}s  {what}" for elapsed, what in sorted(moments, key=lambda m: m[0])]
 

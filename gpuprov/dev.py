@@ -16,7 +16,7 @@ from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
 from gpuprov import search_attributes
-from gpuprov.api import create_app, serving, temporal_notifier
+from gpuprov.api import create_app, serving
 from gpuprov.binaries import temporal_binary
 from gpuprov.codec import codec_for, data_converter
 from gpuprov.codec_server import create_codec_app, endpoint_url, ui_origins
@@ -101,7 +101,7 @@ async def dev_stack(
                 codec_app = create_codec_app(codec, ui_origins(settings, ui_port))
                 await stack.enter_async_context(serving(codec_app, settings.codec.host, codec_port))
             runtime = await stack.enter_async_context(running_worker(env.client, settings))
-            app = create_app(runtime.records, temporal_notifier(env.client))
+            app = create_app(runtime.records)
             await stack.enter_async_context(serving(app, api.host, api.port))
             yield DevStack(
                 client=env.client,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -21,6 +21,7 @@ from activities.health import HealthActivities
 from activities.job_context import JobContextActivities
 from activities.k3s import K3sActivities
 from activities.reconcile import ReconcileActivities
+from activities.registrations import RegistrationActivities
 from activities.ssh_keys import KeyStore
 from activities.store import StoreActivities
 from gpuprov import metrics
@@ -93,6 +94,7 @@ def build_worker(
     ssh_key_dir: Path | None = None,
     ssh_bootstrap: set[str] | None = None,
     sandboxed: bool = True,
+    workflows: Sequence[type] = tuple(WORKFLOWS),
     **worker_options: Any,
 ) -> Worker:
     """The gpuprov worker; `worker_options` go to temporalio's Worker unchanged (the benchmark
@@ -102,7 +104,8 @@ def build_worker(
     runs the SSH bootstrap, for the providers in `ssh_bootstrap`.
 
     `sandboxed` runs workflow code in temporalio's sandbox: the default here, so every test's
-    worker has the runtime guard; `running_worker` passes `[temporal] workflow_sandbox`."""
+    worker has the runtime guard; `running_worker` passes `[temporal] workflow_sandbox`.
+    `workflows` replaces the workflow classes (a test runs changed workflow code with it)."""
     jobs = jobs or JobsSettings()
     token_ttl = timedelta(seconds=jobs.join_token_ttl_seconds)
     enrolment = Enrolment(records, api_url, token_ttl)
@@ -128,12 +131,13 @@ def build_worker(
     return Worker(
         client,
         task_queue=task_queue,
-        workflows=WORKFLOWS,
+        workflows=list(workflows),
         activities=[
             *cloud.all(),
             *over_ssh,
             *store.all(),
             *JobContextActivities(cloud, store).all(),
+            *RegistrationActivities(records, api_url).all(),
             # The reconciler asks Temporal (through this worker's client) which jobs are live.
             *ReconcileActivities(providers, records, client).all(),
             *HealthActivities(providers, records, keys).all(),

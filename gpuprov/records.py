@@ -477,6 +477,23 @@ class Records:
         with self.db.session() as session:
             return session.get(WorkerRecord, worker_id)
 
+    def workers_of_vms(self, vms: Sequence[str]) -> dict[str, WorkerRecord]:
+        """The managed, unrevoked worker registered for each VM that has one (the latest, if a
+        node registered twice)."""
+        if not vms:
+            return {}
+        with self.db.session() as session:
+            query = (
+                select(WorkerRecord)
+                .where(
+                    col(WorkerRecord.vm).in_(list(vms)),
+                    col(WorkerRecord.origin) == "managed",
+                    col(WorkerRecord.state) != "revoked",
+                )
+                .order_by(col(WorkerRecord.registered_at), col(WorkerRecord.id))
+            )
+            return {row.vm: row for row in session.exec(query).all() if row.vm is not None}
+
     def workers_for_job(self, job: str) -> list[WorkerRecord]:
         with self.db.session() as session:
             query = (

@@ -210,7 +210,7 @@ def test_the_api_listens_where_compose_publishes_and_probes() -> None:
     url = re.search(r"http://[\w.]+:(\d+)(/\S*?)'", probe)
     assert url, probe
     assert int(url[1]) == settings.api.port
-    routes = {route.path for route in create_app(None, None).routes}  # type: ignore[arg-type]
+    routes = {route.path for route in create_app(None).routes}  # type: ignore[arg-type]
     assert url[2] in routes
     assert re.search(rf"^EXPOSE\b.*\b{settings.api.port}\b", DOCKERFILE, re.M)
 

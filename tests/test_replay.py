@@ -13,18 +13,20 @@ from pathlib import Path
 import pytest
 from temporalio import workflow
 from temporalio.client import WorkflowHistory
+from temporalio.common import RawValue
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 with workflow.unsafe.imports_passed_through():
     from gpuprov.engine import WORKFLOWS
-    from gpuprov.models import JobSpec, JobStatus
+    from gpuprov.models import JobStatus
     from tests.histories.record import HERE, SCENARIOS
+    from workflows.intake import NO_INPUT
     from workflows.job import ProvisionJob
 
 # <scenario>.json, written by the recorder, and <scenario>.<change-id>.json: an older recording
 # kept by hand while a workflow.patched branch still has to replay it (the recorder never
-# touches those).
+# touches those; docs/architecture.md, "Changing workflow code safely").
 HISTORIES = sorted(HERE.glob("*.json"))
 
 
@@ -66,9 +68,9 @@ class ProvisionJobWithAnExtraTimer(ProvisionJob):
     """ProvisionJob with one command added at the start of a run: a 1-second timer."""
 
     @workflow.run
-    async def run(self, spec: JobSpec) -> JobStatus:
+    async def run(self, raw: RawValue = NO_INPUT) -> JobStatus:
         await workflow.sleep(1)
-        return await super().run(spec)
+        return await super().run(raw)
 
 
 @workflow.defn(name="ProvisionJob")
@@ -76,10 +78,10 @@ class ProvisionJobWithAPatchedTimer(ProvisionJob):
     """The same change behind `workflow.patched`: old histories take the old branch."""
 
     @workflow.run
-    async def run(self, spec: JobSpec) -> JobStatus:
+    async def run(self, raw: RawValue = NO_INPUT) -> JobStatus:
         if workflow.patched("replay-suite-extra-timer"):
             await workflow.sleep(1)
-        return await super().run(spec)
+        return await super().run(raw)
 
 
 async def test_a_changed_command_sequence_fails_replay():

@@ -15,7 +15,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuprov.api import create_app, serving, temporal_notifier
+from gpuprov.api import create_app, serving
 from gpuprov.client import GpuprovClient
 from gpuprov.dev import free_port
 from gpuprov.engine import open_records
@@ -88,7 +88,7 @@ instance_types = [{{ name = "gpu8", gpu = "H100", gpu_count = 8, price = 10.0 }}
 """
     )
     running = Stack(config, tmp_path / "worker.log", tmp_path / "fake-cloud.db", records)
-    async with serving(create_app(records, temporal_notifier(client)), "127.0.0.1", port):
+    async with serving(create_app(records), "127.0.0.1", port):
         running.start_worker()
         try:
             yield running

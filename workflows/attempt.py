@@ -1,13 +1,12 @@
 """One attempt: bring up every node of the job on one offer, as a saga.
 
-prepare (all nodes) -> create (all nodes) -> wait running (all nodes) -> [start the node agent
-over SSH, where the provider's nodes are bootstrapped that way] -> wait for each node's
-registration and check its reported capabilities. Each undo is pushed on the compensation stack
-*before* the step it undoes starts, because a create can land even when its response is lost.
-Any failure propagates as StepFailure; the job decides (by policy) what to do with it.
-On the 2026-12-01 code (`versions.lean()`) a node's one undo (`teardown.retire`) is pushed
-before its prepare, and a single-node job runs prepare + create as one `launch` activity (a
-multi-node job keeps the barrier: every node prepared before any machine is created).
+[prepare -> create, or both as one `launch` for a single node] -> wait running -> [start the node
+agent over SSH, where the provider's nodes are bootstrapped that way] -> wait until each node's
+agent has registered (activities/registrations.py) and check its reported capabilities. Each
+node's one undo (`teardown.retire`) is pushed *before* its first step, because a create can land
+even when its response is lost. A job of several nodes keeps a barrier: every node is prepared
+(has its place) before any machine is created and paid for. Any failure propagates as
+StepFailure; the job decides (workflows/policy.py) what to do with it.
 """
 
 from __future__ import annotations
@@ -18,22 +17,16 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from activities.bootstrap import AGENT_TIMEOUT, BootstrapActivities, BootstrapInput
+    from activities.bootstrap import BootstrapActivities, BootstrapInput
     from activities.cloud import CloudActivities, CreateInput, PrepareInput, VmInput
     from activities.errors import StepFailure
+    from activities.registrations import AwaitInput, RegistrationActivities
     from gpuprov.models import Attempt, JobSpec, NodeInstance
     from providers.base import Capabilities, InstanceSpec, compatibility_reasons
     from providers.errors import ErrorKind
-    from workflows import teardown, versions
+    from workflows import teardown
     from workflows.compensation import Compensation, CompensationStack
-    from workflows.steps import (
-        CLOUD_STEP,
-        CREATE_HEARTBEAT,
-        heartbeat_timeout,
-        run_all,
-        run_step,
-        wait_timeout,
-    )
+    from workflows.steps import run_all, run_step
 
 
 def vm_run_tag(run_id: str) -> str:
@@ -75,10 +68,8 @@ class AttemptSaga:
     async def bring_up(self) -> None:
         offer, count = self.offer, len(self.nodes)
         specs = [self._instance_spec(node) for node in self.nodes]
-        if versions.lean() and count == 1:
-            # One node: prepare + create as one activity. Several nodes keep the barrier: every
-            # node is prepared (has its place) before any machine is created and paid for.
-            self._waiting(f"create {count} instance(s) of {offer.instance_type} on {offer.id}")
+        if count == 1:
+            self._waiting(f"create 1 instance of {offer.instance_type} on {offer.id}")
             await run_all(self._launch(spec, node) for spec, node in self._pairs(specs))
         else:
             self._waiting(f"prepare on {offer.id} for {count} node(s)")
@@ -93,7 +84,7 @@ class AttemptSaga:
             f"(boot_timeout {self.hints.boot_timeout:g}s)"
         )
         await run_all(self._wait_running(node) for node in self.nodes)
-        if self.hints.ssh_bootstrap and versions.current():
+        if self.hints.ssh_bootstrap:
             self._waiting(f"bootstrap: starting the node agent over SSH on {count} node(s)")
             await run_all(self._bootstrap(node) for node in self.nodes)
         if self.hints.node_agent:
@@ -112,9 +103,8 @@ class AttemptSaga:
         )
 
     def _push_retire(self, node: NodeInstance) -> None:
-        """The node's one undo (lean): retire deletes whatever carries the identity (nothing,
-        if create never ran) and cleans up the side resources. Never skipped: those need it
-        even when no instance was created."""
+        """The node's one undo: retire deletes whatever carries the identity (nothing, if
+        create never ran) and cleans up the side resources that prepare made."""
         self.stack.push(
             Compensation(name=f"tear down {node.vm}", run=lambda: teardown.retire(node, self.hints))
         )
@@ -123,24 +113,14 @@ class AttemptSaga:
         """prepare + create as one activity, its undo pushed first."""
         self._push_retire(node)
         node.instance_ids = await run_step(
-            "launch",
             CloudActivities.launch,
             PrepareInput(offer=self.offer, spec=spec),
-            start_to_close_timeout=2 * CLOUD_STEP,
-            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-            heartbeat_timeout=CREATE_HEARTBEAT,
             summary=f"create {spec.vm} on {self.offer.id}",
         )
 
     async def _prepare(self, spec: InstanceSpec, node: NodeInstance) -> dict[str, Any]:
-        if versions.lean():
-            self._push_retire(node)  # the node's one undo, covering its create too
-        else:
-            self.stack.push(
-                Compensation(name=f"cleanup {node.vm}", run=lambda: teardown.cleanup(node))
-            )
+        self._push_retire(node)  # the node's one undo, covering its create too
         return await run_step(
-            "prepare",
             CloudActivities.prepare,
             PrepareInput(offer=self.offer, spec=spec),
             summary=f"prepare {spec.vm}",
@@ -149,31 +129,17 @@ class AttemptSaga:
     async def _create(
         self, spec: InstanceSpec, node: NodeInstance, prepared: dict[str, Any]
     ) -> None:
-        if not versions.lean():  # lean: the retire pushed before prepare terminates too
-            self.stack.push(
-                Compensation(
-                    name=f"terminate {node.vm}",
-                    run=lambda: teardown.terminate(node, self.hints),
-                    terminates=True,
-                    has_instances=lambda: bool(node.instance_ids),
-                )
-            )
         node.instance_ids = await run_step(
-            "create",
             CloudActivities.create,
             CreateInput(offer=self.offer, prepared=prepared, spec=spec),
-            cancellation_type=workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED,
-            heartbeat_timeout=CREATE_HEARTBEAT,
             summary=f"create {spec.vm} on {self.offer.id}",
         )
 
     async def _wait_running(self, node: NodeInstance) -> None:
         observed = await run_step(
-            "wait_running",
             CloudActivities.wait_running,
             VmInput(location=node.location, vm=node.vm, ids=node.instance_ids),
-            start_to_close_timeout=wait_timeout(self.hints.boot_timeout),
-            heartbeat_timeout=heartbeat_timeout(self.hints),
+            hints=self.hints,
             summary=f"wait for {node.vm} to run",
         )
         node.record_observed(observed)
@@ -187,7 +153,6 @@ class AttemptSaga:
                 "bootstrap", ErrorKind.FAILED, f"{node.vm} runs but reports no SSH endpoint"
             )
         await run_step(
-            "bootstrap",
             BootstrapActivities.bootstrap,
             BootstrapInput(
                 provider=node.provider,
@@ -196,31 +161,29 @@ class AttemptSaga:
                 boot_timeout=self.hints.boot_timeout,
                 poll_interval=min(self.hints.poll_interval, 5.0),
             ),
-            start_to_close_timeout=wait_timeout(self.hints.boot_timeout + AGENT_TIMEOUT),
-            heartbeat_timeout=heartbeat_timeout(self.hints),
+            hints=self.hints,
             summary=f"bootstrap {node.vm}",
         )
 
     async def _await_registrations(self) -> None:
         """Placement waits for each node's own report (a running machine may still lack a
-        working GPU runtime); a missing or incompatible report is Failed for this offer."""
+        working GPU runtime); a missing or incompatible report is Failed for this offer. The
+        reports come from the database rows the API wrote when each node presented its join
+        token, never from anything sent to the workflow."""
         self._waiting(f"registration of {len(self.nodes)} node(s) with the control plane")
-        try:
-            await workflow.wait_condition(
-                lambda: all(node.worker_id for node in self.nodes),
-                timeout=self.hints.boot_timeout,
-            )
-        except TimeoutError:
-            missing = ", ".join(node.vm for node in self.nodes if not node.worker_id)
-            raise StepFailure(
-                "register",
-                ErrorKind.FAILED,
-                f"{missing} did not register within {self.hints.boot_timeout:g}s",
-            ) from None
+        registrations = await run_step(
+            RegistrationActivities.await_registrations,
+            AwaitInput(
+                vms=[node.vm for node in self.nodes], timeout_seconds=self.hints.boot_timeout
+            ),
+            hints=self.hints,
+            summary=f"registration of {len(self.nodes)} node(s)",
+        )
         request = self.spec.resource_request()
-        for node in self.nodes:
-            assert node.capabilities is not None
-            shape = node.capabilities.shape(node.provider, node.region)
+        for node, registration in zip(self.nodes, registrations, strict=True):
+            node.worker_id = registration.worker_id
+            node.capabilities = registration.capabilities
+            shape = registration.capabilities.shape(node.provider, node.region)
             reasons = compatibility_reasons(shape, request)
             if reasons:
                 raise StepFailure(

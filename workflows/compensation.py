@@ -2,9 +2,9 @@
 
 Steps are pushed *before* the forward step they undo starts (a create may land even if its
 response is lost), and popped as they run, so an unwind interrupted by a crash never repeats a
-finished step. `unwind_surviving_cancellation` uses the pattern verified in
-shared/reference/temporal.md: the unwind runs in its own task; a cancel that arrives meanwhile
-waits for it to finish, then propagates.
+finished step. `unwind_surviving_cancellation` runs the unwind in its own task behind
+`asyncio.shield`: a cancel that arrives meanwhile waits for the unwind to finish, then
+propagates (a cancelled workflow still gets every activity it schedules from that task).
 """
 
 from __future__ import annotations
@@ -20,10 +20,6 @@ from activities.errors import StepFailure
 class Compensation:
     name: str
     run: Callable[[], Awaitable[None]]
-    # Terminates instances; skipped when the policy says nothing was created and no create
-    # reported an id (`has_instances`).
-    terminates: bool = False
-    has_instances: Callable[[], bool] = lambda: False
 
 
 class CompensationStack:
@@ -40,13 +36,9 @@ class CompensationStack:
         """Forget every step (release=keep: the machines outlive the job on purpose)."""
         self._entries.clear()
 
-    async def unwind(
-        self, *, teardown: bool, on_failure: Callable[[Compensation, StepFailure], None]
-    ) -> None:
+    async def unwind(self, on_failure: Callable[[Compensation, StepFailure], None]) -> None:
         while self._entries:
             entry = self._entries.pop()
-            if entry.terminates and not teardown and not entry.has_instances():
-                continue
             try:
                 await entry.run()
             except StepFailure as failure:
@@ -54,12 +46,9 @@ class CompensationStack:
 
 
 async def unwind_surviving_cancellation(
-    stack: CompensationStack,
-    *,
-    teardown: bool,
-    on_failure: Callable[[Compensation, StepFailure], None],
+    stack: CompensationStack, on_failure: Callable[[Compensation, StepFailure], None]
 ) -> None:
-    task = asyncio.create_task(stack.unwind(teardown=teardown, on_failure=on_failure))
+    task = asyncio.create_task(stack.unwind(on_failure))
     try:
         await asyncio.shield(task)
     except asyncio.CancelledError:

@@ -4,20 +4,16 @@ credentials and the SSH keys (activities/health.py), one check per VM in paralle
 from __future__ import annotations
 
 import asyncio
-from datetime import timedelta
 
 from pydantic import Field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    import workflows.versions as versions
     from activities.errors import StepFailure
     from activities.health import HealthActivities, HealthInput
     from gpuprov.models import HealthReport
     from providers.base import Finding, Model, Severity, Verdict
     from workflows.steps import run_step
-
-HEALTH_STEP = timedelta(minutes=3)
 
 
 class HealthRequest(Model):
@@ -28,11 +24,7 @@ async def check(request: HealthInput) -> HealthReport:
     """One VM's report; a check that cannot run says so as a warning (degraded), never hides."""
     try:
         return await run_step(
-            "check_health",
-            HealthActivities.check_health,
-            request,
-            start_to_close_timeout=HEALTH_STEP,
-            summary=f"health of {request.vm}",
+            HealthActivities.check_health, request, summary=f"health of {request.vm}"
         )
     except StepFailure as failure:
         finding = Finding(severity=Severity.WARN, code="check_failed", message=str(failure))
@@ -43,5 +35,4 @@ async def check(request: HealthInput) -> HealthReport:
 class CheckHealth:
     @workflow.run
     async def run(self, request: HealthRequest) -> list[HealthReport]:
-        versions.adopt()
         return list(await asyncio.gather(*(check(item) for item in request.checks)))

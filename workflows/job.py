@@ -1,17 +1,23 @@
-"""ProvisionJob: reserve or plan -> try offers (saga) -> ready -> release. Deterministic only.
+"""ProvisionJob: one job's life, top to bottom. Deterministic only.
 
-Read top to bottom, `run` is DESIGN.md's lifecycle:
-1. reserve idle, compatible existing workers for every node; if that works, skip to ready;
-2. plan on every enabled provider in parallel, skip offers under a shared block, rank the rest
-   cheapest first (no price + cost cap = rejected);
-3. try offers in order (workflows/attempt.py): record an estimate, prepare -> create ->
-   wait running -> wait for each node to register with compatible capabilities. A failure
-   unwinds the attempt's compensation stack (LIFO), blocks per `workflows/policy.py` (shared
-   with every job until the block expires) and moves on; InvalidRequest and Credentials abort;
-4. ready: wait for `release` (signal) or cancellation;
-5. release: terminate and confirm gone (or keep); workers revoked, existing ones freed.
-`provisioning_timeout_seconds` bounds steps 2-3; cancellation at any moment still unwinds.
-State changes, attempts, failovers and time to ready are counted in workflows/metrics.py.
+1. accept: the input is a valid job spec whose name matches the workflow id (job-<name>), or
+   the workflow fails at once naming the field, before any side effect (workflows/intake.py);
+2. existing workers: one local activity reads the providers' capabilities and the shared blocks
+   and reserves idle, compatible existing workers for every node (all or none); if it got them,
+   the job skips to step 5;
+3. provision, within `provisioning_timeout_seconds`: plan on every enabled provider in parallel,
+   skip offers under a block, rank the rest cheapest first (workflows/selection.py);
+4. try offers in that order, one saga attempt each (workflows/attempt.py): record an estimate,
+   bring every node up and wait for its agent's registration. A failure is decided by
+   `workflows/policy.py`: unwind the attempt's compensations (LIFO), block what it says (shared
+   with every job until the block expires), abort, or move on to the next offer. When other
+   jobs' blocks cover every offer left, wait for the first to lapse and plan again;
+5. the k3s profile, where the spec asks for it; the job's workers busy, its VM rows running;
+6. ready: wait for `release` (signal) or cancellation, checking each machine's health on the
+   job's interval;
+7. release: terminate and confirm gone (or keep); workers revoked, existing ones freed.
+Cancellation at any moment still unwinds. State changes, attempts, failovers and time to ready
+are counted in workflows/metrics.py.
 """
 
 from __future__ import annotations
@@ -19,18 +25,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from datetime import timedelta
 
 from temporalio import workflow
+from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     import workflows.health as health
     import workflows.metrics as metrics
     import workflows.policy as policy
-    import workflows.versions as versions
     from activities.cloud import CloudActivities, PlanInput
-    from activities.errors import NO_BLOCK, StepFailure
+    from activities.errors import StepFailure
     from activities.health import HealthInput
     from activities.job_context import ContextInput, JobContextActivities
     from activities.k3s import K3sActivities, K3sInput, K3sNode
@@ -50,11 +55,11 @@ with workflow.unsafe.imports_passed_through():
         Block,
         BlockScope,
         JobSpec,
+        JobSpecError,
         JobState,
         JobStatus,
         NodeInstance,
         ReleasePolicy,
-        WorkerRegistration,
     )
     from providers.base import Capabilities, Offer, Severity, Verdict
     from workflows.attempt import AttemptSaga
@@ -63,12 +68,9 @@ with workflow.unsafe.imports_passed_through():
         CompensationStack,
         unwind_surviving_cancellation,
     )
+    from workflows.intake import NO_INPUT, accept_job_spec, job_name_of
     from workflows.selection import blocking, rank_offers
-    from workflows.steps import SHORT_STEP, run_step
-
-
-K3S_STEP = timedelta(minutes=30)  # the installers on every node, with their downloads
-K3S_HEARTBEAT = timedelta(seconds=60)
+    from workflows.steps import run_step
 
 
 class JobFailed(Exception):
@@ -77,15 +79,13 @@ class JobFailed(Exception):
 
 @workflow.defn(name="ProvisionJob")
 class ProvisionJob:
-    @workflow.init
-    def __init__(self, spec: JobSpec) -> None:
-        self._spec = spec
-        self._status = JobStatus(name=spec.name)
+    def __init__(self) -> None:
+        self._status = JobStatus(name=job_name_of(workflow.info().workflow_id))
         self._release_requested = False
         self._capabilities: dict[str, Capabilities] = {}
         self._stack = CompensationStack()
-        # Capabilities and shared blocks read by job_context, for the first plan only.
-        self._prefetched: tuple[dict[str, Capabilities], list[Block]] | None = None
+        # Shared blocks read by the first step, for the first plan only.
+        self._prefetched_blocks: list[Block] | None = None
 
     @workflow.query
     def status(self) -> JobStatus:
@@ -95,32 +95,10 @@ class ProvisionJob:
     def release(self) -> None:
         self._release_requested = True
 
-    @workflow.update(name="register_worker")
-    def register_worker(self, registration: WorkerRegistration) -> None:
-        node = next(n for n in self._status.nodes if n.vm == registration.vm)
-        node.worker_id = registration.worker_id
-        node.capabilities = registration.capabilities
-
-    @register_worker.validator
-    def _accepts_registration(self, registration: WorkerRegistration) -> None:
-        """Only a node of the attempt in progress, while the job provisions (rejected updates
-        leave no history). A node registering again replaces its earlier worker id: the API
-        takes back a claim whose answer it could not confirm, so the node's retry is the
-        registration of record (single-use tokens mean only that node can retry)."""
-        current = len(self._status.attempts)
-        node = next((n for n in self._status.nodes if n.vm == registration.vm), None)
-        if node is None or node.attempt != current or node.status not in ("requested", "running"):
-            raise ValueError(f"{registration.vm} is not a node this job is waiting for")
-        if self._status.state is not JobState.PROVISIONING:
-            raise ValueError(f"job is {self._status.state.value}, not provisioning")
-
     @workflow.run
-    async def run(self, spec: JobSpec) -> JobStatus:
-        versions.adopt()
-        if versions.lean():
-            self._complete_start_attributes()
-        elif spec.resources.gpu:
-            workflow.upsert_search_attributes([search_attributes.GPU.value_set(spec.resources.gpu)])
+    async def run(self, raw: RawValue = NO_INPUT) -> JobStatus:
+        self._spec = self._accept(raw)
+        self._complete_start_attributes()
         metrics.job_state(JobState.QUEUED)
         try:
             if await self._reserve_existing_workers():
@@ -139,19 +117,30 @@ class ProvisionJob:
             if self._status.state in (JobState.QUEUED, JobState.PROVISIONING):
                 metrics.provisioning_seconds("cancelled")
             self._set_state(JobState.RELEASING, "teardown after cancellation")
-            await self._unwind(teardown=True)
+            await self._unwind()
             await self._free_workers()
             self._set_state(JobState.CANCELLED)
             raise
         except (JobFailed, StepFailure) as failure:
-            # StepFailure here is a bookkeeping step (database) that failed for good outside
-            # any attempt: the job fails and releases what it holds, it never hangs.
+            # A StepFailure here is a bookkeeping step (the database) that failed for good
+            # outside any attempt: the policy fails the job, which releases what it holds.
             metrics.provisioning_seconds("failed")
-            await self._unwind(teardown=True)  # nothing is left by now; kept as a guarantee
+            await self._unwind()  # nothing is left by now; kept as a guarantee
             await self._free_workers()
-            self._status.error = str(failure)
-            self._set_state(JobState.FAILED)
+            self._fail(str(failure))
             raise ApplicationError(str(failure), type="JobFailed", non_retryable=True) from None
+
+    # ------------------------------------------------------------------ 1. accept
+
+    def _accept(self, raw: RawValue) -> JobSpec:
+        """The job spec, or the workflow fails now: nothing has happened yet to undo."""
+        try:
+            return accept_job_spec(raw, workflow.info().workflow_id, workflow.payload_converter())
+        except JobSpecError as invalid:
+            self._fail(str(invalid))
+            raise ApplicationError(
+                str(invalid), type="InvalidJobSpec", non_retryable=True
+            ) from None
 
     def _complete_start_attributes(self) -> None:
         """`GpuprovClient.submit` sets the state (queued) and the GPU at start, at no cost in
@@ -166,36 +155,13 @@ class ProvisionJob:
         if missing:
             workflow.upsert_search_attributes(missing)
 
-    # ------------------------------------------------------------------ existing workers
+    # ------------------------------------------------------------------ 2. existing workers
 
     async def _reserve_existing_workers(self) -> bool:
-        """Idle, compatible existing workers for every node, or none at all."""
-        if versions.lean():
-            return await self._read_job_context()
-        if self._spec.profile == "k3s":
-            # The k3s profile installs over SSH on machines the job provisions; an existing
-            # worker offers no SSH endpoint to the control plane.
-            self._set_state(JobState.PROVISIONING, "offers (the k3s profile provisions)")
-            return False
-        self._set_state(JobState.PROVISIONING, "an idle, compatible existing worker")
-        reserved = await run_step(
-            "reserve",
-            StoreActivities.reserve_existing_workers,
-            ReserveInput(
-                job=self._spec.name,
-                request=self._spec.resource_request(),
-                nodes=self._spec.nodes,
-            ),
-            start_to_close_timeout=SHORT_STEP,
-        )
-        self._status.existing_workers = reserved  # freed by _free_workers at any ending
-        return bool(reserved)
-
-    async def _read_job_context(self) -> bool:
-        """One local activity (activities/job_context.py): the providers' capabilities and the
-        shared blocks for the first plan, then existing workers reserved for every node (none
-        for the k3s profile, which installs over SSH on machines the job provisions). The job
-        stays queued until it tries an offer (DESIGN: lifecycle step 4)."""
+        """One local activity: the providers' capabilities and the shared blocks for the first
+        plan, then idle, compatible existing workers reserved for every node (none for the
+        k3s profile, which installs over SSH on machines the job provisions). The job stays
+        queued until it tries an offer."""
         k3s = self._spec.profile == "k3s"
         reserve = None
         if not k3s:
@@ -205,104 +171,13 @@ class ProvisionJob:
         self._waiting(
             "offers (the k3s profile provisions)" if k3s else "an idle, compatible existing worker"
         )
-        context = await run_step(
-            "job_context",
-            JobContextActivities.job_context,
-            ContextInput(reserve=reserve),
-            start_to_close_timeout=SHORT_STEP,
-        )
+        context = await run_step(JobContextActivities.job_context, ContextInput(reserve=reserve))
         self._status.existing_workers = context.reserved  # freed by _free_workers at any ending
-        self._prefetched = (context.capabilities, context.blocks)
+        self._capabilities = context.capabilities
+        self._prefetched_blocks = context.blocks
         return bool(context.reserved)
 
-    async def _free_workers(self) -> None:
-        """Existing workers back to idle, managed workers revoked (idempotent). Runs on every
-        ending, so it records a failure instead of raising one."""
-        try:
-            await run_step(
-                "release_workers",
-                StoreActivities.release_job_workers,
-                ReleaseInput(job=self._spec.name),
-                start_to_close_timeout=SHORT_STEP,
-                retry_policy=policy.TEARDOWN_RETRY,
-            )
-        except StepFailure as failure:
-            self._status.leaks.append(f"workers of {self._spec.name} not freed: {failure}")
-
-    async def _mark_placed(self) -> None:
-        """The job runs now: its workers are busy, its machines' rows say running."""
-        placed = self._status.live_nodes()
-        await run_step(
-            "mark_placed",
-            StoreActivities.mark_placed,
-            PlacedInput(
-                job=self._spec.name,
-                vms=[node.vm for node in placed],
-                worker_ids=[
-                    *(node.worker_id for node in placed if node.worker_id),
-                    *(worker.worker_id for worker in self._status.existing_workers),
-                ],
-            ),
-            start_to_close_timeout=SHORT_STEP,
-            retry_policy=policy.STORE_RETRY,
-        )
-
-    # ------------------------------------------------------------------ profile
-
-    async def _set_up_profile(self) -> None:
-        """`profile: k3s`: node 0 runs the k3s server, the others join it (activities/k3s.py,
-        over SSH; the cluster's join token never leaves the worker)."""
-        if self._spec.profile != "k3s":
-            return
-        nodes = [node for node in self._status.live_nodes() if node.status == "running"]
-        missing = [node.vm for node in nodes if node.ssh is None]
-        if not nodes or missing:
-            raise JobFailed(f"the k3s profile needs SSH to every node; none for {missing}")
-        self._waiting(f"k3s: server on {nodes[0].vm}, {len(nodes) - 1} agent(s) joining")
-        cluster = await run_step(
-            "setup_k3s",
-            K3sActivities.setup_k3s,
-            K3sInput(
-                nodes=[
-                    K3sNode(vm=node.vm, provider=node.provider, ssh=node.ssh)
-                    for node in nodes
-                    if node.ssh is not None
-                ]
-            ),
-            start_to_close_timeout=K3S_STEP,
-            heartbeat_timeout=K3S_HEARTBEAT,
-            summary=f"k3s on {len(nodes)} node(s)",
-        )
-        self._status.kubeconfig = cluster.kubeconfig
-
-    # ------------------------------------------------------------------ ready
-
-    async def _serve_until_released(self) -> None:
-        """Wait for `release`; meanwhile check each machine's health on the job's interval and
-        show it in the status and the current details."""
-        interval = self._spec.health_check_interval_seconds
-        machines = [node for node in self._status.live_nodes() if node.status == "running"]
-        if not interval or not machines or not versions.current():
-            await workflow.wait_condition(lambda: self._release_requested)
-            return
-        while True:
-            try:
-                await workflow.wait_condition(lambda: self._release_requested, timeout=interval)
-                return
-            except TimeoutError:
-                await self._check_health(machines)
-
-    async def _check_health(self, machines: list[NodeInstance]) -> None:
-        reports = await asyncio.gather(
-            *(
-                health.check(HealthInput(vm=node.vm, expected_gpus=_gpus_of(node)))
-                for node in machines
-            )
-        )
-        self._status.health = list(reports)
-        self._publish_details()
-
-    # ------------------------------------------------------------------ provisioning
+    # ------------------------------------------------------------------ 3. provision
 
     async def _provision_within_timeout(self) -> None:
         timeout = self._spec.provisioning_timeout_seconds
@@ -334,44 +209,21 @@ class ProvisionJob:
                 if await self._try_offer(offer):
                     return
             wait = self._until_a_shared_block_lapses(offers)
-            if wait is None or not versions.current():
+            if wait is None:
                 raise JobFailed(self._spent_message(offers))
             # Other jobs' recent failures block every offer left: wait for the first of those
             # blocks to lapse and plan again (within the provisioning timeout), rather than fail
-            # a job that never tried (chaos finding 7).
+            # a job that never tried.
             self._waiting(f"offers blocked by other jobs' failures; next block lapses in {wait:g}s")
             await workflow.sleep(wait)
 
-    def _tried(self, offer: Offer) -> bool:
-        return any(attempt.offer.id == offer.id for attempt in self._status.attempts)
-
-    def _until_a_shared_block_lapses(self, offers: list[Offer]) -> float | None:
-        """Seconds until an untried offer is free of blocks, counting only shared blocks (with
-        an expiry); None when every offer left is blocked by this job's own failures."""
-        now = workflow.now()
-        waits = []
-        for offer in offers:
-            if self._tried(offer):
-                continue
-            covering = [block for block in self._status.blocks if block.covers(offer)]
-            if covering and all(block.expires_at is not None for block in covering):
-                lapse = max(block.expires_at for block in covering if block.expires_at)
-                waits.append(max(1.0, math.ceil((lapse - now).total_seconds())))
-        return min(waits) if waits else None
-
     async def _plan(self) -> list[Offer]:
-        if self._prefetched is not None:  # the job's first plan reads what job_context read
-            (self._capabilities, shared_blocks), self._prefetched = self._prefetched, None
+        if self._prefetched_blocks is not None:  # the first plan reads what step 2 read
+            shared_blocks, self._prefetched_blocks = self._prefetched_blocks, None
         else:
             self._capabilities, shared_blocks = await asyncio.gather(
-                run_step(
-                    "describe",
-                    CloudActivities.describe_providers,
-                    start_to_close_timeout=SHORT_STEP,
-                ),
-                run_step(
-                    "blocks", StoreActivities.active_blocks, start_to_close_timeout=SHORT_STEP
-                ),
+                run_step(CloudActivities.describe_providers),
+                run_step(StoreActivities.active_blocks),
             )
         own = [block for block in self._status.blocks if block.expires_at is None]
         self._status.blocks = own + [
@@ -391,17 +243,36 @@ class ProvisionJob:
     async def _plan_one(self, request: PlanInput) -> list[Offer]:
         try:
             result = await run_step(
-                "plan", CloudActivities.plan, request, summary=f"plan on {request.provider}"
+                CloudActivities.plan, request, summary=f"plan on {request.provider}"
             )
         except StepFailure as failure:
-            action = policy.action_for(failure.kind)
-            if action.abort:
+            decision = policy.decide(failure.failure())
+            if decision.abort:
                 raise JobFailed(f"aborted: plan on {request.provider}: {failure}") from None
-            if failure.block_scope != NO_BLOCK or not versions.current():
-                await self._add_block(policy.PLAN_FAILURE_SCOPE, request.provider, failure)
+            if decision.block is not BlockScope.NONE:
+                await self._add_block(decision.block, request.provider, failure)
             return []
         self._status.rejected_offers += result.rejected
         return result.offers
+
+    def _tried(self, offer: Offer) -> bool:
+        return any(attempt.offer.id == offer.id for attempt in self._status.attempts)
+
+    def _until_a_shared_block_lapses(self, offers: list[Offer]) -> float | None:
+        """Seconds until an untried offer is free of blocks, counting only shared blocks (with
+        an expiry); None when every offer left is blocked by this job's own failures."""
+        now = workflow.now()
+        waits = []
+        for offer in offers:
+            if self._tried(offer):
+                continue
+            covering = [block for block in self._status.blocks if block.covers(offer)]
+            if covering and all(block.expires_at is not None for block in covering):
+                lapse = max(block.expires_at for block in covering if block.expires_at)
+                waits.append(max(1.0, math.ceil((lapse - now).total_seconds())))
+        return min(waits) if waits else None
+
+    # ------------------------------------------------------------------ 4. try an offer
 
     async def _try_offer(self, offer: Offer) -> bool:
         """One saga attempt on `offer`. True when every node is placed; False to fail over."""
@@ -413,7 +284,7 @@ class ProvisionJob:
             search_attributes.PROVIDER.value_set(offer.provider),
             search_attributes.REGION.value_set(offer.region),
         ]
-        if versions.lean() and self._status.state is not JobState.PROVISIONING:
+        if self._status.state is not JobState.PROVISIONING:
             # The first offer tried: the job moves to provisioning in the same upsert (each
             # upsert is an event, and a visibility write on the server).
             placement.append(search_attributes.STATE.value_set(JobState.PROVISIONING.value))
@@ -434,7 +305,7 @@ class ProvisionJob:
             # Workflow cancelled or provisioning timed out: undo this attempt, then propagate.
             attempt.outcome = AttemptOutcome.ABANDONED
             self._waiting(f"teardown of attempt #{attempt.number} after cancellation")
-            await self._unwind(teardown=True)
+            await self._unwind()
             raise
         attempt.outcome = AttemptOutcome.SUCCEEDED
         return True
@@ -443,26 +314,20 @@ class ProvisionJob:
         attempt.outcome = AttemptOutcome.FAILED
         attempt.step, attempt.kind, attempt.message = failure.step, failure.kind, failure.message
         metrics.failover(failure.kind, attempt.offer)
-        action = policy.action_for(failure.kind)
-        self._waiting(f"teardown of attempt #{attempt.number}")
-        teardown = action.teardown
-        if not teardown and versions.current():
-            # `failure` is one node's (the first in node order); another node's create may
-            # have landed with its answer lost. Terminating observes by identity first, so a
-            # node where nothing landed costs one observe (chaos finding 2).
-            teardown = True
-        await self._unwind(teardown=teardown)
+        # `failure` is one node's (the first in node order); another node's create may have
+        # landed with its answer lost, so every node whose first step started is torn down
+        # (retire observes by identity first: a node where nothing landed costs one observe).
+        decision = policy.decide(failure.failure(instances_may_exist=len(self._stack) > 0))
+        if decision.teardown:
+            self._waiting(f"teardown of attempt #{attempt.number}")
+            await self._unwind()
         for node in self._status.nodes:
             if node.attempt == attempt.number and node.status == "requested":
-                node.status = "not_created"  # teardown skipped: no create reported an id
-        scope = action.block
-        if failure.block_scope == NO_BLOCK:
-            scope = action.block if not versions.current() else None
-        elif failure.block_scope:
-            scope = BlockScope(failure.block_scope)
-        if scope is not None:
-            await self._add_block(scope, _block_key(scope, attempt.offer), failure)
-        if action.abort:
+                node.status = "not_created"  # nothing was started for it
+        if decision.block is not BlockScope.NONE:
+            key = _block_key(decision.block, attempt.offer)
+            await self._add_block(decision.block, key, failure)
+        if decision.abort:
             raise JobFailed(f"aborted by {failure.kind.value}:{self._attempt_lines()}")
 
     async def _record_estimate(self, offer: Offer) -> None:
@@ -473,14 +338,83 @@ class ProvisionJob:
         quote = offer.price.model_copy(update={"amount": offer.price.amount * self._spec.nodes})
         self._status.hourly_cost = quote
         metrics.estimated_spend(offer.provider, quote)
+        await run_step(StoreActivities.record_cost, CostInput(job=self._spec.name, quote=quote))
+
+    async def _add_block(self, scope: BlockScope, key: str, failure: StepFailure) -> None:
+        if any(b.scope is scope and b.key == key for b in self._status.blocks):
+            return
+        block = Block(scope=scope, key=key, kind=failure.kind, message=failure.message)
+        self._status.blocks.append(block)
+        await run_step(StoreActivities.record_block, BlockInput(job=self._spec.name, block=block))
+
+    # ------------------------------------------------------------------ 5. profile, placed
+
+    async def _set_up_profile(self) -> None:
+        """`profile: k3s`: node 0 runs the k3s server, the others join it (activities/k3s.py,
+        over SSH; the cluster's join token never leaves the worker)."""
+        if self._spec.profile != "k3s":
+            return
+        nodes = [node for node in self._status.live_nodes() if node.status == "running"]
+        missing = [node.vm for node in nodes if node.ssh is None]
+        if not nodes or missing:
+            raise JobFailed(f"the k3s profile needs SSH to every node; none for {missing}")
+        self._waiting(f"k3s: server on {nodes[0].vm}, {len(nodes) - 1} agent(s) joining")
+        cluster = await run_step(
+            K3sActivities.setup_k3s,
+            K3sInput(
+                nodes=[
+                    K3sNode(vm=node.vm, provider=node.provider, ssh=node.ssh)
+                    for node in nodes
+                    if node.ssh is not None
+                ]
+            ),
+            summary=f"k3s on {len(nodes)} node(s)",
+        )
+        self._status.kubeconfig = cluster.kubeconfig
+
+    async def _mark_placed(self) -> None:
+        """The job runs now: its workers are busy, its machines' rows say running."""
+        placed = self._status.live_nodes()
         await run_step(
-            "record_cost",
-            StoreActivities.record_cost,
-            CostInput(job=self._spec.name, quote=quote),
-            start_to_close_timeout=SHORT_STEP,
+            StoreActivities.mark_placed,
+            PlacedInput(
+                job=self._spec.name,
+                vms=[node.vm for node in placed],
+                worker_ids=[
+                    *(node.worker_id for node in placed if node.worker_id),
+                    *(worker.worker_id for worker in self._status.existing_workers),
+                ],
+            ),
         )
 
-    # ------------------------------------------------------------------ release and teardown
+    # ------------------------------------------------------------------ 6. ready
+
+    async def _serve_until_released(self) -> None:
+        """Wait for `release`; meanwhile check each machine's health on the job's interval and
+        show it in the status and the current details."""
+        interval = self._spec.health_check_interval_seconds
+        machines = [node for node in self._status.live_nodes() if node.status == "running"]
+        if not interval or not machines:
+            await workflow.wait_condition(lambda: self._release_requested)
+            return
+        while True:
+            try:
+                await workflow.wait_condition(lambda: self._release_requested, timeout=interval)
+                return
+            except TimeoutError:
+                await self._check_health(machines)
+
+    async def _check_health(self, machines: list[NodeInstance]) -> None:
+        reports = await asyncio.gather(
+            *(
+                health.check(HealthInput(vm=node.vm, expected_gpus=_gpus_of(node)))
+                for node in machines
+            )
+        )
+        self._status.health = list(reports)
+        self._publish_details()
+
+    # ------------------------------------------------------------------ 7. release
 
     async def _release(self) -> None:
         self._set_state(JobState.RELEASING, "terminating instances")
@@ -490,40 +424,34 @@ class ProvisionJob:
                 node.status = "kept"
                 try:
                     await run_step(
-                        "mark_vm",
-                        StoreActivities.mark_vm,
-                        VmStatusInput(vm=node.vm, status="kept"),
-                        start_to_close_timeout=SHORT_STEP,
-                        retry_policy=policy.STORE_RETRY,
+                        StoreActivities.mark_vm, VmStatusInput(vm=node.vm, status="kept")
                     )
                 except StepFailure as failure:
                     self._status.leaks.append(f"{node.vm} kept but not recorded: {failure}")
             await self._free_workers()
             return
-        await self._unwind(teardown=True)
+        await self._unwind()
         await self._free_workers()
 
-    async def _unwind(self, *, teardown: bool) -> None:
-        await unwind_surviving_cancellation(
-            self._stack, teardown=teardown, on_failure=self._record_leak
-        )
+    async def _unwind(self) -> None:
+        await unwind_surviving_cancellation(self._stack, on_failure=self._record_leak)
 
     def _record_leak(self, compensation: Compensation, failure: StepFailure) -> None:
         self._status.leaks.append(f"{compensation.name}: {failure}")
 
-    async def _add_block(self, scope: BlockScope, key: str, failure: StepFailure) -> None:
-        if any(b.scope is scope and b.key == key for b in self._status.blocks):
-            return
-        block = Block(scope=scope, key=key, kind=failure.kind, message=failure.message)
-        self._status.blocks.append(block)
-        await run_step(
-            "record_block",
-            StoreActivities.record_block,
-            BlockInput(job=self._spec.name, block=block),
-            start_to_close_timeout=SHORT_STEP,
-        )
+    async def _free_workers(self) -> None:
+        """Existing workers back to idle, managed workers revoked (idempotent). Runs on every
+        ending, so it records a failure instead of raising one."""
+        try:
+            await run_step(StoreActivities.release_job_workers, ReleaseInput(job=self._spec.name))
+        except StepFailure as failure:
+            self._status.leaks.append(f"workers of {self._spec.name} not freed: {failure}")
 
     # ------------------------------------------------------------------ status
+
+    def _fail(self, error: str) -> None:
+        self._status.error = error
+        self._set_state(JobState.FAILED)
 
     def _set_state(self, state: JobState, waiting_for: str | None = None) -> None:
         if state is not self._status.state:  # each upsert is a history event
@@ -541,6 +469,8 @@ class ProvisionJob:
         lines = [f"**{self._status.state.value}**"]
         if self._status.waiting_for:
             lines.append(f"waiting for: {self._status.waiting_for}")
+        if self._status.error:
+            lines.append(f"error: {self._status.error}")
         lines += [f"- attempt {a.describe()}" for a in self._status.attempts]
         lines += [f"- blocked {b.scope.value} {b.key}: {b.kind.value}" for b in self._status.blocks]
         lines += [
@@ -566,7 +496,7 @@ class ProvisionJob:
             f"\n  {offer.id}: skipped, {block.scope.value} blocked by {block.kind.value}"
             for offer in offers
             if (block := blocking(self._status.blocks, offer)) is not None
-            and not any(a.offer.id == offer.id for a in self._status.attempts)
+            and not self._tried(offer)
         ]
         return f"every offer failed ({tried} tried):{self._attempt_lines()}{''.join(skipped)}"
 

@@ -12,15 +12,11 @@ from pydantic import Field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    import workflows.policy as policy
-    import workflows.versions as versions
     from activities.cloud import CloudActivities, PlanInput
-    from activities.errors import StepFailure, unwrap
+    from activities.errors import StepFailure
     from providers.base import Model, Offer, ResourceRequest
     from workflows.selection import rank_offers
-    from workflows.steps import CLOUD_STEP, SHORT_STEP
-
-from temporalio.exceptions import ActivityError
+    from workflows.steps import run_step
 
 
 class OffersQuery(Model):
@@ -40,24 +36,15 @@ class OffersResult(Model):
 class PlanOffers:
     @workflow.run
     async def run(self, query: OffersQuery) -> OffersResult:
-        versions.adopt()
-        capabilities = await workflow.execute_activity_method(
-            CloudActivities.describe_providers,
-            start_to_close_timeout=SHORT_STEP,
-            retry_policy=policy.FORWARD_RETRY,
+        capabilities, skipped = await asyncio.gather(
+            run_step(CloudActivities.describe_providers),
+            run_step(CloudActivities.skipped_providers),
         )
         allowed = query.request.providers
         providers = [p for p in sorted(capabilities) if allowed is None or p in allowed]
-        result = OffersResult()
-        if versions.current():
-            skipped = await workflow.execute_activity_method(
-                CloudActivities.skipped_providers,
-                start_to_close_timeout=SHORT_STEP,
-                retry_policy=policy.FORWARD_RETRY,
-            )
-            result.skipped = {
-                p: why for p, why in skipped.items() if allowed is None or p in allowed
-            }
+        result = OffersResult(
+            skipped={p: why for p, why in skipped.items() if allowed is None or p in allowed}
+        )
         plans = await asyncio.gather(
             *(self._plan(PlanInput(provider=p, request=query.request), result) for p in providers)
         )
@@ -69,14 +56,10 @@ class PlanOffers:
 
     async def _plan(self, request: PlanInput, result: OffersResult) -> list[Offer]:
         try:
-            plan = await workflow.execute_activity_method(
-                CloudActivities.plan,
-                request,
-                start_to_close_timeout=CLOUD_STEP,
-                retry_policy=policy.FORWARD_RETRY,
+            plan = await run_step(
+                CloudActivities.plan, request, summary=f"plan on {request.provider}"
             )
-        except ActivityError as error:
-            failure: StepFailure = unwrap("plan", error)
+        except StepFailure as failure:
             result.errors.append(f"{request.provider}: {failure}")
             return []
         result.rejected += plan.rejected

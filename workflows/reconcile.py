@@ -5,8 +5,7 @@
    location in use; keep those that no live job owns (database and Temporal agree) and that are
    older than the grace period, plus the recorded orphans (failed terminations) due for a retry;
 2. for each candidate, the teardown a job uses (workflows/teardown.py): delete -> wait until
-   observe shows nothing with the identity -> VM row terminated; then clean up its side
-   resources;
+   observe shows nothing with the identity -> VM row terminated -> clean up its side resources;
 3. close its orphan record. A teardown that fails instead bumps the record's attempts and last
    error; the next pass tries again (the Schedule's interval, stretched by the record's backoff).
 At most MAX_PARALLEL teardowns run at once; the report says what the pass found and did.
@@ -24,16 +23,14 @@ from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    import workflows.policy as policy
     import workflows.teardown as teardown
-    import workflows.versions as versions
     from activities.cloud import CloudActivities
     from activities.errors import StepFailure
     from activities.reconcile import Candidate, ReconcileActivities, SurveyInput
-    from activities.store import OrphanInput, ResolveInput, StoreActivities
+    from activities.store import ResolveInput, StoreActivities
     from gpuprov.models import NodeInstance
     from providers.base import Capabilities, Model
-    from workflows.steps import CLOUD_STEP, SHORT_STEP, run_step
+    from workflows.steps import run_step
 
 MAX_PARALLEL = 10
 T = TypeVar("T")
@@ -65,13 +62,10 @@ class Reconcile:
 
     @workflow.run
     async def run(self, request: ReconcileInput) -> ReconcileReport:
-        versions.adopt()
         survey = await _must(
             run_step(
-                "survey",
                 ReconcileActivities.reconcile_survey,
                 SurveyInput(grace_seconds=request.grace_seconds, provider=request.provider),
-                start_to_close_timeout=CLOUD_STEP,
             )
         )
         report = self._report
@@ -81,13 +75,7 @@ class Reconcile:
         report.left_open += survey.left_open
         self._publish(len(survey.candidates))
         if survey.candidates:
-            hints = await _must(
-                run_step(
-                    "describe",
-                    CloudActivities.describe_providers,
-                    start_to_close_timeout=SHORT_STEP,
-                )
-            )
+            hints = await _must(run_step(CloudActivities.describe_providers))
             for batch in _batches(survey.candidates, MAX_PARALLEL):
                 await asyncio.gather(
                     *(self._resolve(c, hints.get(c.location.provider)) for c in batch)
@@ -112,25 +100,18 @@ class Reconcile:
             status="leaked",
         )
         try:
-            # terminate records a failure itself (the orphan's attempts and last error).
-            await teardown.terminate(node, hints)
+            # retire records a failure itself (the orphan's attempts and last error).
+            await teardown.retire(node, hints)
         except StepFailure as failure:
+            if failure.step == "cleanup" and candidate.observed:
+                self._report.deleted += 1  # gone; only its side resources are left
             self._failed(candidate, str(failure))
             return
         if candidate.observed:
             self._report.deleted += 1
         try:
-            await teardown.cleanup(node)  # records its own failure (the orphan's attempts)
-        except StepFailure as failure:
-            self._failed(candidate, str(failure))
-            return
-        try:
             await run_step(
-                "resolve_orphan",
-                StoreActivities.resolve_orphan,
-                ResolveInput(vm=node.vm, provider=node.provider),
-                start_to_close_timeout=SHORT_STEP,
-                retry_policy=policy.STORE_RETRY,
+                StoreActivities.resolve_orphan, ResolveInput(vm=node.vm, provider=node.provider)
             )
         except StepFailure as failure:
             await _record_failure(node, failure)
@@ -162,16 +143,10 @@ async def _must(step: Awaitable[T]) -> T:
 
 
 async def _record_failure(node: NodeInstance, failure: StepFailure) -> None:
-    """Cleanup or the record failed after the machine was gone: bump the orphan's attempts so
-    the next pass cleans up again. If the database is down too, the record simply stays open."""
+    """The record failed after the machine was gone and cleaned up: bump the orphan's attempts
+    so the next pass closes it. If the database is down too, the record simply stays open."""
     with contextlib.suppress(StepFailure):
-        await run_step(
-            "record_orphan",
-            StoreActivities.record_orphan,
-            OrphanInput(node=node, error=str(failure)),
-            start_to_close_timeout=SHORT_STEP,
-            retry_policy=policy.TEARDOWN_RETRY,
-        )
+        await teardown.record_orphan(node, str(failure))
 
 
 def _batches(candidates: list[Candidate], size: int) -> Iterator[list[Candidate]]:

@@ -1,22 +1,38 @@
-"""How the workflow runs one activity step: options, error unwrapping, fan-out, rounds.
+"""How the workflows run an activity: one table of step options keyed by the activity itself.
 
-Deterministic helpers only; shared by the job lifecycle, the attempt saga and teardown.
+Each activity a workflow schedules has one `Step` row in `STEPS`: local or remote, its retry
+policy, its timeouts (fixed, or derived from the provider's timing hints), its heartbeat, and the
+stage the failure policy sees it in. `run_step(activity, arg)` looks the row up, so nothing
+chooses options by an activity's name, and an activity without a row cannot be run at all
+(tests/workflows/test_steps.py checks the table against what the worker registers).
+Deterministic helpers only; shared by every workflow.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from temporalio import workflow
+from temporalio import activity, workflow
+from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, CancelledError
 
 with workflow.unsafe.imports_passed_through():
+    from activities.bootstrap import AGENT_TIMEOUT, BootstrapActivities
+    from activities.cloud import CloudActivities
     from activities.errors import StepFailure, unwrap
+    from activities.health import HealthActivities
+    from activities.job_context import JobContextActivities
+    from activities.k3s import K3sActivities
+    from activities.reconcile import ReconcileActivities
+    from activities.registrations import RegistrationActivities
+    from activities.store import StoreActivities
     from providers.base import Capabilities
-    from workflows import policy, versions
+    from workflows import policy
+    from workflows.policy import Stage
 
 SHORT_STEP = timedelta(seconds=30)
 CLOUD_STEP = timedelta(minutes=5)
@@ -24,41 +40,151 @@ WAIT_MARGIN = timedelta(minutes=2)
 # A wait heartbeats every third of its timeout; 15 s at least, so an overloaded (not dead)
 # worker's late beats do not time its waits out (1000 jobs on 2 cores did, at 5 s).
 MIN_HEARTBEAT = 15.0
-# Bookkeeping steps (the database): a short outage is waited out, not failed over.
-STORE_STEPS = frozenset(
-    {"job_context", "reserve", "blocks", "record_cost", "record_block", "mark_vm", "mark_placed"}
-)
-# Steps that run as local activities (in the workflow task, on the worker running the workflow):
-# short database and configuration reads and writes. No activity task round trip, no three
-# history events each (a marker instead): about half of a job's server-side work (issue 8), and
-# a worker killed during one costs a workflow task retry, not a 30 s start-to-close.
-LOCAL_STEPS = STORE_STEPS | {"describe", "release_workers", "record_orphan", "resolve_orphan"}
 # Cloud calls heartbeat while they run, so a dead worker is noticed in seconds instead of after
-# the 5-minute start-to-close (chaos finding 4: 300 s stalls per step a killed worker held).
+# the 5-minute start-to-close (each step a killed worker held stalled its job that long).
 CALL_HEARTBEAT = timedelta(seconds=15)
-CREATE_HEARTBEAT = CALL_HEARTBEAT
-HEARTBEATING_CALLS = frozenset({"plan", "prepare", "create", "launch", "delete", "cleanup"})
+K3S_STEP = timedelta(minutes=30)  # the installers on every node, with their downloads
+K3S_HEARTBEAT = timedelta(seconds=60)
+HEALTH_STEP = timedelta(minutes=3)
+
+# A fixed duration, or one derived from the provider's timing hints.
+Timing = timedelta | Callable[[Capabilities], timedelta]
 
 
-async def run_step(step: str, activity: Any, *args: Any, **options: Any) -> Any:
-    """Execute one activity; a failure comes back as StepFailure(step, kind, cloud's words)."""
-    options.setdefault(
-        "retry_policy",
-        policy.STORE_RETRY if step in STORE_STEPS else policy.FORWARD_RETRY,
+def wait_timeout(seconds: float) -> timedelta:
+    return timedelta(seconds=seconds) + WAIT_MARGIN
+
+
+def _boot(hints: Capabilities) -> timedelta:
+    return wait_timeout(hints.boot_timeout)
+
+
+def _bootstrap(hints: Capabilities) -> timedelta:
+    return wait_timeout(hints.boot_timeout + AGENT_TIMEOUT)
+
+
+def _retire(hints: Capabilities) -> timedelta:
+    return wait_timeout(hints.delete_timeout) + 2 * CLOUD_STEP
+
+
+def _polling(hints: Capabilities) -> timedelta:
+    return timedelta(seconds=max(MIN_HEARTBEAT, 4 * hints.poll_interval))
+
+
+@dataclass(frozen=True)
+class Step:
+    """How one activity runs. Local steps run inside the workflow task on the worker that runs
+    the workflow: short database and configuration reads and writes, with no activity-task
+    round trip and one marker event instead of three."""
+
+    stage: Stage
+    retry: RetryPolicy
+    timeout: Timing
+    heartbeat: Timing | None = None
+    local: bool = False
+    # Cancelling the workflow waits for the activity to finish cancelling: a create that lands
+    # meanwhile is then known to the teardown that follows.
+    wait_cancellation: bool = False
+
+
+def _bookkeeping(retry: RetryPolicy = policy.STORE_RETRY) -> Step:
+    return Step(Stage.BOOKKEEPING, retry, SHORT_STEP, local=True)
+
+
+def _cloud_call(stage: Stage, timeout: timedelta = CLOUD_STEP, **options: Any) -> Step:
+    return Step(stage, policy.FORWARD_RETRY, timeout, CALL_HEARTBEAT, **options)
+
+
+STEPS: dict[Callable[..., Any], Step] = {
+    # what a job reads first, and the shared records
+    JobContextActivities.job_context: _bookkeeping(),
+    CloudActivities.describe_providers: _bookkeeping(policy.FORWARD_RETRY),
+    CloudActivities.skipped_providers: _bookkeeping(policy.FORWARD_RETRY),
+    StoreActivities.active_blocks: _bookkeeping(),
+    StoreActivities.record_block: _bookkeeping(),
+    StoreActivities.record_cost: _bookkeeping(),
+    StoreActivities.mark_vm: _bookkeeping(policy.TEARDOWN_RETRY),
+    StoreActivities.mark_placed: _bookkeeping(),
+    StoreActivities.release_job_workers: _bookkeeping(policy.TEARDOWN_RETRY),
+    StoreActivities.record_orphan: _bookkeeping(policy.TEARDOWN_RETRY),
+    StoreActivities.resolve_orphan: _bookkeeping(),
+    # the cloud
+    CloudActivities.plan: _cloud_call(Stage.PLAN),
+    CloudActivities.prepare: _cloud_call(Stage.ATTEMPT),
+    CloudActivities.create: _cloud_call(Stage.ATTEMPT, wait_cancellation=True),
+    CloudActivities.launch: _cloud_call(Stage.ATTEMPT, 2 * CLOUD_STEP, wait_cancellation=True),
+    CloudActivities.wait_running: Step(Stage.ATTEMPT, policy.FORWARD_RETRY, _boot, _polling),
+    CloudActivities.retire: Step(Stage.TEARDOWN, policy.TEARDOWN_RETRY, _retire, _polling),
+    # the node
+    BootstrapActivities.bootstrap: Step(Stage.ATTEMPT, policy.FORWARD_RETRY, _bootstrap, _polling),
+    RegistrationActivities.await_registrations: Step(
+        Stage.ATTEMPT, policy.FORWARD_RETRY, _boot, _polling
+    ),
+    K3sActivities.setup_k3s: Step(Stage.ATTEMPT, policy.FORWARD_RETRY, K3S_STEP, K3S_HEARTBEAT),
+    HealthActivities.check_health: Step(Stage.ATTEMPT, policy.FORWARD_RETRY, HEALTH_STEP),
+    # the reconciler
+    ReconcileActivities.reconcile_survey: Step(Stage.PLAN, policy.FORWARD_RETRY, CLOUD_STEP),
+}
+
+
+def step_name(fn: Callable[..., Any]) -> str:
+    """The activity's registered name (what history and the worker call it)."""
+    definition = activity._Definition.must_from_callable(fn)
+    assert definition.name is not None
+    return definition.name
+
+
+def _duration(timing: Timing, hints: Capabilities | None, fn: Callable[..., Any]) -> timedelta:
+    if isinstance(timing, timedelta):
+        return timing
+    if hints is None:
+        raise ValueError(f"{step_name(fn)} needs the provider's timing hints")
+    return timing(hints)
+
+
+async def run_step(
+    fn: Callable[..., Any],
+    arg: Any = None,
+    *,
+    hints: Capabilities | None = None,
+    summary: str | None = None,
+) -> Any:
+    """Execute one activity per its row in STEPS; a failure comes back as StepFailure(step,
+    kind, cloud's words, block scope), and a cancellation as asyncio.CancelledError."""
+    step = STEPS[fn]
+    args = [] if arg is None else [arg]
+    timeout = _duration(step.timeout, hints, fn)
+    cancellation = (
+        workflow.ActivityCancellationType.WAIT_CANCELLATION_COMPLETED
+        if step.wait_cancellation
+        else workflow.ActivityCancellationType.TRY_CANCEL
     )
-    options.setdefault("start_to_close_timeout", CLOUD_STEP)
-    if step in HEARTBEATING_CALLS:  # (a schedule's timeouts are not part of determinism)
-        options.setdefault("heartbeat_timeout", CALL_HEARTBEAT)
     try:
-        if step in LOCAL_STEPS and versions.current():
-            return await workflow.execute_local_activity_method(activity, *args, **options)
-        return await workflow.execute_activity_method(activity, *args, **options)
+        if step.local:
+            return await workflow.execute_local_activity_method(
+                fn,
+                args=args,
+                start_to_close_timeout=timeout,
+                retry_policy=step.retry,
+                cancellation_type=cancellation,
+                summary=summary,
+            )
+        heartbeat = _duration(step.heartbeat, hints, fn) if step.heartbeat is not None else None
+        return await workflow.execute_activity_method(
+            fn,
+            args=args,
+            start_to_close_timeout=timeout,
+            heartbeat_timeout=heartbeat,
+            retry_policy=step.retry,
+            cancellation_type=cancellation,
+            summary=summary,
+        )
     except ActivityError as error:
-        if isinstance(error.cause, CancelledError) and versions.current():
+        if isinstance(error.cause, CancelledError):
             # The step was cancelled because this workflow (or the provisioning timeout's task)
             # was: that is a cancellation, never a failure to fail over from or to block.
             raise asyncio.CancelledError() from None
-        raise unwrap(step, error) from None
+        raise unwrap(step_name(fn), step.stage, error) from None
 
 
 async def run_all(steps: Iterable[Awaitable[Any]]) -> list[Any]:
@@ -71,7 +197,7 @@ async def run_all(steps: Iterable[Awaitable[Any]]) -> list[Any]:
 
 
 async def in_rounds(step: Callable[[], Awaitable[Any]]) -> None:
-    """Run a teardown step; repeat it per policy when it fails for good."""
+    """Run a teardown step; run it again while the policy says another round is due."""
     rounds = 0
     while True:
         rounds += 1
@@ -79,14 +205,9 @@ async def in_rounds(step: Callable[[], Awaitable[Any]]) -> None:
             await step()
             return
         except StepFailure as failure:
-            if not policy.retry_teardown(failure.kind, rounds):
+            decision = policy.decide(
+                policy.Failure(failure.kind, Stage.TEARDOWN, rounds_done=rounds)
+            )
+            if not decision.retry:
                 raise
         await workflow.sleep(policy.TEARDOWN_PAUSE * rounds)
-
-
-def heartbeat_timeout(hints: Capabilities) -> timedelta:
-    return timedelta(seconds=max(MIN_HEARTBEAT, 4 * hints.poll_interval))
-
-
-def wait_timeout(seconds: float) -> timedelta:
-    return timedelta(seconds=seconds) + WAIT_MARGIN

@@ -1,8 +1,9 @@
 """SSH bootstrap against real SSH servers on loopback: OpenSSH's sshd and an asyncssh server.
 
 The agent really runs (the system python3, as on a bare node) and registers through the real
-control-plane API with the token the activity minted; nothing about SSH is mocked. The API's
-job notifier is where a test looks at `ps` and /proc: the agent is alive, waiting for its answer.
+control-plane API with the token the activity minted; nothing about SSH is mocked. A register
+request arriving at the API is where a test looks at `ps` and /proc: the agent is alive,
+waiting for its answer.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from activities.bootstrap import (
     start_command,
 )
 from activities.ssh_keys import KeyStore
-from gpuprov.api import RegistrationRefused, create_app, serving
+from gpuprov.api import create_app, serving
 from gpuprov.db import JoinToken, WorkerRecord
 from gpuprov.engine import open_records
 from gpuprov.records import Records
@@ -63,7 +64,6 @@ class ControlPlane:
     url: str = ""
     bodies: list[dict[str, Any]] = field(default_factory=list)
     snapshots: list[str] = field(default_factory=list)
-    refuse: bool = False
 
     @property
     def tokens(self) -> list[str]:
@@ -93,9 +93,13 @@ def _proc_dump() -> str:
 
 
 def sniffing(app: Any, plane: ControlPlane) -> Any:
-    """ASGI wrapper keeping each register request's JSON body (the test's only token source)."""
+    """ASGI wrapper keeping each register request's JSON body (the test's only token source)
+    and a process snapshot taken while the agent waits for its answer."""
 
     async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("path") == "/v1/workers/register":
+            plane.snapshots.append(await process_snapshot())
+
         async def recording() -> Any:
             message = await receive()
             if scope.get("path") == "/v1/workers/register" and message.get("body"):
@@ -110,14 +114,8 @@ def sniffing(app: Any, plane: ControlPlane) -> Any:
 @asynccontextmanager
 async def control_plane(records: Records) -> AsyncIterator[ControlPlane]:
     plane = ControlPlane()
-
-    async def notify(job: str, registration: Any) -> None:
-        plane.snapshots.append(await process_snapshot())
-        if plane.refuse:
-            raise RegistrationRefused("the job moved on")
-
     port = free_port()
-    async with serving(sniffing(create_app(records, notify), plane), "127.0.0.1", port):
+    async with serving(sniffing(create_app(records), plane), "127.0.0.1", port):
         plane.url = f"http://127.0.0.1:{port}"
         yield plane
 
@@ -391,7 +389,7 @@ async def test_a_late_sshd_is_waited_for(
 async def test_an_agent_the_api_refuses_is_failed_with_its_words(
     tmp_path: Path, records: Records, keys: KeyStore, plane: ControlPlane
 ) -> None:
-    plane.refuse = True
+    records.set_vm_status(VM, "terminated")  # its teardown began: the API refuses the node
     async with running_asyncssh_server(tmp_path / "node", authorized=[keys.client_key()]) as node:
         error = await failure(bootstrapper(records, keys, plane), to(node))
     assert error.type == "Failed" and "exited 2" in error.message and "409" in error.message

@@ -16,13 +16,13 @@ from temporalio.exceptions import (
 
 from activities.errors import (
     MAX_MESSAGE_CHARS,
-    NO_BLOCK,
     classified,
     to_application_error,
     truncate,
     unwrap,
 )
-from providers.errors import ErrorKind, ProviderError
+from providers.errors import BlockScope, ErrorKind, ProviderError
+from workflows.policy import Stage
 
 
 @pytest.mark.parametrize("kind", list(ErrorKind))
@@ -58,7 +58,7 @@ def test_zero_retry_after_is_kept() -> None:
 
 def test_block_scope_travels_in_the_details() -> None:
     error = to_application_error(
-        ProviderError(ErrorKind.QUOTA, "vCPU limit", block_scope="provider")
+        ProviderError(ErrorKind.QUOTA, "vCPU limit", block_scope=BlockScope.PROVIDER)
     )
     assert error.details == ({"block_scope": "provider"},)
 
@@ -98,13 +98,15 @@ def test_message_is_the_clouds_words_without_the_kind_prefix() -> None:
 
 
 def test_provider_error_survives_pickling() -> None:
-    original = ProviderError(ErrorKind.QUOTA, "limit", retry_after=3.0, block_scope="region")
+    original = ProviderError(
+        ErrorKind.QUOTA, "limit", retry_after=3.0, block_scope=BlockScope.REGION
+    )
     copy = pickle.loads(pickle.dumps(original))
     assert (copy.kind, copy.message, copy.retry_after, copy.block_scope) == (
         ErrorKind.QUOTA,
         "limit",
         3.0,
-        "region",
+        BlockScope.REGION,
     )
 
 
@@ -112,7 +114,7 @@ def test_provider_error_survives_pickling() -> None:
 
 
 def test_classified_turns_a_provider_error_into_an_application_error() -> None:
-    cause = ProviderError(ErrorKind.CAPACITY, "sold out", block_scope="offer")
+    cause = ProviderError(ErrorKind.CAPACITY, "sold out", block_scope=BlockScope.OFFER)
     with pytest.raises(ApplicationError) as caught, classified():
         raise cause
     assert caught.value.type == "Capacity"
@@ -162,7 +164,7 @@ def test_a_timed_out_step_is_failed_but_blocks_nothing() -> None:
         retry_state=None,
     )
     error.__cause__ = timeout
-    failure = unwrap("wait_running", error)
+    failure = unwrap("wait_running", Stage.ATTEMPT, error)
     assert failure.kind is ErrorKind.FAILED
     assert failure.message == "timed out (HEARTBEAT)"
-    assert failure.block_scope == NO_BLOCK
+    assert failure.scope is BlockScope.NONE

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,10 +26,10 @@ from gpuprov import agent
 from gpuprov.agent import AgentError, parse_gpus, probe, register
 from gpuprov.api import create_app, serving
 from gpuprov.dev import free_port
-from gpuprov.models import GpuInfo, WorkerCapabilities, WorkerRegistration
+from gpuprov.models import GpuInfo, WorkerCapabilities
 from gpuprov.records import Records
 from providers.base import ResourceRequest, compatibility_reasons
-from tests.gpuprov.test_api import RecordingNotifier, vm_token, worker_rows
+from tests.gpuprov.test_api import vm_token, worker_rows
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT_FILE = REPO / "gpuprov" / "agent.py"
@@ -870,33 +871,34 @@ def test_agent_command_without_a_token_fails_before_contacting_anyone(fake_api):
 # ---------------------------------------------------------------- against the real API app
 
 
-class GatedNotifier(RecordingNotifier):
-    """The job's side of a registration, held until the test lets it through."""
+class RegisterGate:
+    """ASGI wrapper holding each register request until the test lets it through."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, app: Any) -> None:
+        self.app = app
         self.arrived = asyncio.Event()
         self.release = asyncio.Event()
 
-    async def __call__(self, job: str, registration: WorkerRegistration) -> None:
-        self.arrived.set()
-        await self.release.wait()
-        await super().__call__(job, registration)
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope.get("path") == "/v1/workers/register":
+            self.arrived.set()
+            await self.release.wait()
+        await self.app(scope, receive, send)
 
 
 @dataclass
 class LiveApi:
     url: str
     records: Records
-    notifier: GatedNotifier
+    gate: RegisterGate
 
 
 @pytest.fixture
 async def live_api(records: Records) -> AsyncIterator[LiveApi]:
-    notifier = GatedNotifier()
+    gate = RegisterGate(create_app(records))
     port = free_port()
-    async with serving(create_app(records, notifier), "127.0.0.1", port):
-        yield LiveApi(f"http://127.0.0.1:{port}", records, notifier)
+    async with serving(gate, "127.0.0.1", port):
+        yield LiveApi(f"http://127.0.0.1:{port}", records, gate)
 
 
 @pytest.mark.parametrize(
@@ -906,7 +908,7 @@ async def live_api(records: Records) -> AsyncIterator[LiveApi]:
 async def test_registration_round_trip_through_the_real_api(live_api, fake_smi, query, code, ok):
     fake_smi(smi_script(query, query_exit=code))
     token = vm_token(live_api.records)
-    live_api.notifier.release.set()
+    live_api.gate.release.set()
     capabilities = await asyncio.to_thread(probe)
     response = await asyncio.to_thread(register, live_api.url, token, capabilities, tries=1)
     assert (response["origin"], response["job"], response["vm"]) == (
@@ -914,16 +916,16 @@ async def test_registration_round_trip_through_the_real_api(live_api, fake_smi, 
         "job1",
         "job1-a1-n0",
     )
-    [(job, registration)] = live_api.notifier.calls
-    assert (job, registration.worker_id) == ("job1", response["worker_id"])
-    assert registration.capabilities == WorkerCapabilities.model_validate(capabilities)
+    [registration] = live_api.records.workers_of_vms(["job1-a1-n0"]).values()
+    assert (registration.job, registration.id) == ("job1", response["worker_id"])
+    reported = WorkerCapabilities.model_validate(capabilities)
     [row] = worker_rows(live_api.records)
     assert row["id"] == response["worker_id"]
     stored = row["capabilities"]
     stored = WorkerCapabilities.model_validate(
         json.loads(stored) if isinstance(stored, str) else stored
     )
-    assert stored == registration.capabilities and stored.gpu_runtime_ok is ok
+    assert stored == reported and stored.gpu_runtime_ok is ok
     reasons = compatibility_reasons(stored.shape(), ResourceRequest(gpu="H100", gpus_per_node=8))
     assert (reasons == []) is ok
 
@@ -947,13 +949,13 @@ async def test_agent_process_never_shows_the_token(live_api, fake_smi, tmp_path)
         process.stdin.write(f"{token}\n".encode())
         await process.stdin.drain()
         process.stdin.close()
-        await asyncio.wait_for(live_api.notifier.arrived.wait(), 30)
+        await asyncio.wait_for(live_api.gate.arrived.wait(), 30)
         proc = Path("/proc") / str(process.pid)
         cmdline, environ = (proc / "cmdline").read_bytes(), (proc / "environ").read_bytes()
         assert b"register" in cmdline and b"PATH=" in environ  # we read the right process
         assert token.encode() not in cmdline and token.encode() not in environ
     finally:
-        live_api.notifier.release.set()
+        live_api.gate.release.set()
         out, err = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode == 0, err.decode()
     assert json.loads(out)["vm"] == "job1-a1-n0"

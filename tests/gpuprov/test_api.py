@@ -17,14 +17,9 @@ import pytest
 import sqlalchemy as sa
 from fastapi import FastAPI
 
-from gpuprov.api import (
-    MAX_BODY_BYTES,
-    RegistrationRefused,
-    RegistrationUnavailable,
-    create_app,
-)
+from gpuprov.api import MAX_BODY_BYTES, create_app
 from gpuprov.db import JoinToken, utcnow
-from gpuprov.models import WorkerCapabilities, WorkerRegistration
+from gpuprov.models import WorkerCapabilities
 from gpuprov.records import Records
 
 REGISTER = "/v1/workers/register"
@@ -56,24 +51,6 @@ CAPABILITIES: dict[str, Any] = {
 
 
 # ---------------------------------------------------------------------------- helpers
-
-
-class RecordingNotifier:
-    """gpuprov's JobNotifier: records every call, then accepts, refuses or is unreachable."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, WorkerRegistration]] = []
-        self.mode = "accept"  # accept / refuse / unavailable
-        self.delay = 0.0
-
-    async def __call__(self, job: str, registration: WorkerRegistration) -> None:
-        self.calls.append((job, registration))
-        if self.delay:
-            await asyncio.sleep(self.delay)
-        if self.mode == "refuse":
-            raise RegistrationRefused("the job has moved on")
-        if self.mode == "unavailable":
-            raise RegistrationUnavailable("temporal is unreachable")
 
 
 def snapshot(records: Records) -> dict[str, list[tuple[Any, ...]]]:
@@ -109,13 +86,8 @@ def worker_rows(records: Records) -> list[dict[str, Any]]:
 
 
 @pytest.fixture
-def notifier() -> RecordingNotifier:
-    return RecordingNotifier()
-
-
-@pytest.fixture
-def app(records: Records, notifier: RecordingNotifier) -> FastAPI:
-    return create_app(records, notifier)
+def app(records: Records) -> FastAPI:
+    return create_app(records)
 
 
 @pytest.fixture
@@ -139,9 +111,7 @@ async def rejected(
 # ---------------------------------------------------------------------------- happy paths
 
 
-async def test_managed_node_registers_with_its_vm_token(
-    api: httpx.AsyncClient, records: Records, notifier: RecordingNotifier
-):
+async def test_managed_node_registers_with_its_vm_token(api: httpx.AsyncClient, records: Records):
     token = vm_token(records)
 
     response = await api.post(REGISTER, json=body(token))
@@ -174,28 +144,18 @@ async def test_managed_node_registers_with_its_vm_token(
         [used] = session.execute(sa.select(JoinToken)).scalars().all()
     assert used.used_at is not None
 
-    # The job heard exactly once: the VM, the worker id and the capabilities, nothing more.
-    assert notifier.calls == [
-        (
-            JOB,
-            WorkerRegistration(
-                vm=VM,
-                worker_id=worker_id,
-                capabilities=WorkerCapabilities.model_validate(CAPABILITIES),
-            ),
-        )
-    ]
-    job, registration = notifier.calls[0]
-    assert type(registration) is WorkerRegistration
-    assert set(registration.model_dump()) == {"vm", "worker_id", "capabilities"}
-    heard = json.dumps([job, registration.model_dump(mode="json")])
-    assert token not in heard
-    assert Records.hash_token(token) not in heard
+    # What the job reads (activities/registrations.py): the VM, the worker id and the
+    # capabilities, nothing that could carry the token.
+    [registration] = records.workers_of_vms([VM]).values()
+    assert (registration.id, registration.vm) == (worker_id, VM)
+    stored_row = json.dumps(worker, default=str)
+    assert token not in stored_row
+    assert Records.hash_token(token) not in stored_row
     assert token not in response.text
 
 
 async def test_existing_worker_registers_with_a_label_token(
-    api: httpx.AsyncClient, records: Records, notifier: RecordingNotifier
+    api: httpx.AsyncClient, records: Records
 ):
     token = records.mint_token(label=LABEL, ttl=TTL)
 
@@ -216,7 +176,6 @@ async def test_existing_worker_registers_with_a_label_token(
     assert worker["id"] == worker_id
     assert (worker["origin"], worker["state"], worker["label"]) == ("existing", "idle", LABEL)
     assert (worker["job"], worker["vm"]) == (None, None)
-    assert notifier.calls == []
 
 
 async def test_health_and_openapi(api: httpx.AsyncClient):
@@ -232,9 +191,7 @@ async def test_health_and_openapi(api: httpx.AsyncClient):
 # ---------------------------------------------------------------------------- tokens
 
 
-async def test_a_token_is_used_once(
-    api: httpx.AsyncClient, records: Records, notifier: RecordingNotifier
-):
+async def test_a_token_is_used_once(api: httpx.AsyncClient, records: Records):
     token = vm_token(records)
     first = await api.post(REGISTER, json=body(token))
     assert first.status_code == 200, first.text
@@ -243,12 +200,9 @@ async def test_a_token_is_used_once(
 
     assert again.json()["detail"] == "join token already used"
     assert len(worker_rows(records)) == 1
-    assert len(notifier.calls) == 1
 
 
-async def test_an_unknown_token_is_rejected(
-    api: httpx.AsyncClient, records: Records, notifier: RecordingNotifier
-):
+async def test_an_unknown_token_is_rejected(api: httpx.AsyncClient, records: Records):
     vm_token(records)  # a real token exists, just not this one
     stranger = secrets.token_urlsafe(32)
 
@@ -256,7 +210,6 @@ async def test_an_unknown_token_is_rejected(
 
     assert response.json()["detail"] == "unknown join token"
     assert stranger not in response.text
-    assert notifier.calls == []
 
 
 async def test_a_superseded_token_is_unknown(api: httpx.AsyncClient, records: Records):
@@ -270,9 +223,7 @@ async def test_a_superseded_token_is_unknown(api: httpx.AsyncClient, records: Re
 
 
 @pytest.mark.parametrize("binding", ["vm", "label"])
-async def test_an_expired_token_is_rejected(
-    api: httpx.AsyncClient, records: Records, notifier: RecordingNotifier, binding: str
-):
+async def test_an_expired_token_is_rejected(api: httpx.AsyncClient, records: Records, binding: str):
     token = vm_token(records) if binding == "vm" else records.mint_token(label=LABEL, ttl=TTL)
     with records.db.session() as session:
         session.execute(sa.update(JoinToken).values(expires_at=utcnow() - timedelta(seconds=1)))
@@ -281,7 +232,6 @@ async def test_an_expired_token_is_rejected(
     response = await rejected(api, records, 401, json=body(token))
 
     assert response.json()["detail"] == "join token expired"
-    assert notifier.calls == []
 
 
 async def test_a_token_expires_by_the_clock(api: httpx.AsyncClient, records: Records):
@@ -299,7 +249,6 @@ async def test_a_token_expires_by_the_clock(api: httpx.AsyncClient, records: Rec
 async def test_forged_identity_claims_are_ignored_and_logged(
     api: httpx.AsyncClient,
     records: Records,
-    notifier: RecordingNotifier,
     caplog: pytest.LogCaptureFixture,
 ):
     token = vm_token(records)
@@ -332,8 +281,7 @@ async def test_forged_identity_claims_are_ignored_and_logged(
         VM,
     )
     assert worker["label"] is None
-    [(job, registration)] = notifier.calls
-    assert (job, registration.vm) == (JOB, VM)
+    assert set(records.workers_of_vms([VM])) == {VM}
 
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     for field, claimed in claims.items():
@@ -358,7 +306,6 @@ async def test_matching_identity_claims_are_not_logged(
 async def test_a_label_token_claiming_a_job_stays_an_idle_existing_worker(
     api: httpx.AsyncClient,
     records: Records,
-    notifier: RecordingNotifier,
     caplog: pytest.LogCaptureFixture,
 ):
     record_vm(records)
@@ -377,7 +324,7 @@ async def test_a_label_token_claiming_a_job_stays_an_idle_existing_worker(
         None,
         LABEL,
     )
-    assert notifier.calls == []  # no job is told about a node that is not its own
+    assert records.workers_of_vms([VM]) == {}  # no job sees a node that is not its own
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == len(claims), warnings
 
@@ -451,7 +398,7 @@ INVALID = list(_invalid_bodies("t" * 43))
 
 @pytest.mark.parametrize("case", INVALID)
 async def test_an_invalid_body_is_422_naming_the_field(
-    api: httpx.AsyncClient, records: Records, notifier: RecordingNotifier, case: str
+    api: httpx.AsyncClient, records: Records, case: str
 ):
     token = vm_token(records)  # a valid token in the body: it must not be spent
     request, loc, kind = _invalid_bodies(token)[case]
@@ -464,7 +411,6 @@ async def test_an_invalid_body_is_422_naming_the_field(
     ), errors
     if len(loc) > 1:
         assert any(tuple(error["loc"]) == loc for error in errors), errors
-    assert notifier.calls == []
     # The token is still good.
     assert (await api.post(REGISTER, json=body(token))).status_code == 200
 
@@ -481,9 +427,7 @@ async def _chunks(payload: bytes, chunk: int = 8192) -> AsyncIterator[bytes]:
         yield payload[start : start + chunk]
 
 
-async def test_an_oversized_body_is_413(
-    api: httpx.AsyncClient, records: Records, notifier: RecordingNotifier
-):
+async def test_an_oversized_body_is_413(api: httpx.AsyncClient, records: Records):
     token = vm_token(records)
     padding = {**CAPABILITIES, "agent_version": "x" * (MAX_BODY_BYTES + 1)}
     huge = {"token": token, "capabilities": padding}
@@ -499,7 +443,6 @@ async def test_an_oversized_body_is_413(
     many_gpus = {**CAPABILITIES, "gpus": CAPABILITIES["gpus"] * 1000}
     await rejected(api, records, 413, json={"token": token, "capabilities": many_gpus})
 
-    assert notifier.calls == []
     # A body right at the limit is fine: the limit is the only thing that rejected the others.
     at_limit = await api.post(
         REGISTER,
@@ -510,7 +453,7 @@ async def test_an_oversized_body_is_413(
 
 
 async def test_an_oversized_streamed_body_without_length_is_413(
-    api: httpx.AsyncClient, records: Records, notifier: RecordingNotifier
+    api: httpx.AsyncClient, records: Records
 ):
     token = vm_token(records)
 
@@ -523,7 +466,6 @@ async def test_an_oversized_streamed_body_without_length_is_413(
     )
 
     assert "content-length" not in response.request.headers
-    assert notifier.calls == []
 
 
 async def test_a_streamed_body_under_the_limit_is_accepted(
@@ -541,37 +483,21 @@ async def test_a_streamed_body_under_the_limit_is_accepted(
     assert response.status_code == 200, response.text
 
 
-# ---------------------------------------------------------------------------- the job's answer
+# ---------------------------------------------------------------------------- teardown begun
 
 
-@pytest.mark.parametrize(
-    ("mode", "status"), [("refuse", 409), ("unavailable", 503)], ids=["refused", "unreachable"]
-)
-async def test_a_job_that_does_not_take_the_node_changes_nothing(
-    api: httpx.AsyncClient,
-    records: Records,
-    notifier: RecordingNotifier,
-    mode: str,
-    status: int,
+@pytest.mark.parametrize("status", ["terminating", "terminated", "orphaned"])
+async def test_a_node_whose_machine_is_torn_down_is_refused_with_nothing_changed(
+    api: httpx.AsyncClient, records: Records, status: str
 ):
     token = vm_token(records)
-    notifier.mode = mode
+    records.set_vm_status(VM, status)
 
-    response = await rejected(api, records, status, json=body(token))
+    response = await rejected(api, records, 409, json=body(token))
 
-    assert JOB in response.json()["detail"]
+    assert VM in response.json()["detail"]
     assert token not in response.text
-    [(job, refused)] = notifier.calls
-    assert (job, refused.vm) == (JOB, VM)
-
-    # The token was given back: once the job takes it, the same token registers the node.
-    notifier.mode = "accept"
-    retry = await api.post(REGISTER, json=body(token))
-    assert retry.status_code == 200, retry.text
-    [worker] = worker_rows(records)
-    assert (worker["id"], worker["state"]) == (retry.json()["worker_id"], "reserved")
-    assert len(notifier.calls) == 2
-    assert notifier.calls[1][1].worker_id == worker["id"]
+    assert records.workers_of_vms([VM]) == {}
 
 
 # ---------------------------------------------------------------------------- races
@@ -579,10 +505,9 @@ async def test_a_job_that_does_not_take_the_node_changes_nothing(
 
 @pytest.mark.parametrize("binding", ["vm", "label"])
 async def test_concurrent_registrations_with_one_token_admit_exactly_one(
-    api: httpx.AsyncClient, records: Records, notifier: RecordingNotifier, binding: str
+    api: httpx.AsyncClient, records: Records, binding: str
 ):
     token = vm_token(records) if binding == "vm" else records.mint_token(label=LABEL, ttl=TTL)
-    notifier.delay = 0.05  # the winner's claim is committed while the job is being asked
 
     responses = await asyncio.gather(*(api.post(REGISTER, json=body(token)) for _ in range(8)))
 
@@ -593,4 +518,4 @@ async def test_concurrent_registrations_with_one_token_admit_exactly_one(
     [worker] = worker_rows(records)
     [winner] = [response for response in responses if response.status_code == 200]
     assert worker["id"] == winner.json()["worker_id"]
-    assert len(notifier.calls) == (1 if binding == "vm" else 0)
+    assert len(records.workers_of_vms([VM])) == (1 if binding == "vm" else 0)

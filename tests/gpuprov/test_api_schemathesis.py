@@ -6,7 +6,7 @@ when it is not a 2xx, must leave the database exactly as it was (`snapshot` from
 every row of every table). A generated token is almost never a real one, so each example may
 swap in a fresh managed-node token, a fresh existing-worker token or an already used one: the
 valid-token-but-bad-body paths are where a rejected request could burn a token or leave a worker
-row behind. The database is SQLite (a file); the notifier accepts every registration.
+row behind. The database is SQLite (a file).
 
 Gaps it once found are pinned by the tests at the end, named after the behaviour.
 """
@@ -37,7 +37,7 @@ from sqlmodel import select
 from gpuprov.api import RegisterRequest, create_app
 from gpuprov.db import Database, JoinToken, utcnow
 from gpuprov.records import Records
-from tests.gpuprov.test_api import CAPABILITIES, REGISTER, RecordingNotifier, snapshot
+from tests.gpuprov.test_api import CAPABILITIES, REGISTER, snapshot
 
 MAX_EXAMPLES = 60
 TTL = timedelta(minutes=5)
@@ -64,7 +64,7 @@ CHECKS = [
 def _operations() -> list[Any]:
     """(label, mode) for every operation the app publishes; negative only where there is an
     input to violate. The app is built just for its OpenAPI document: no route runs."""
-    document = create_app(records=None, notify_job=RecordingNotifier()).openapi()
+    document = create_app(records=None).openapi()
     found = []
     for path, item in document["paths"].items():
         for method, operation in item.items():
@@ -125,8 +125,7 @@ def _token_used(records: Records, token: str) -> bool:
 
 @pytest.mark.parametrize(("label", "mode"), _operations())
 def test_operation(records: Records, label: str, mode: GenerationMode) -> None:
-    notifier = RecordingNotifier()
-    app = create_app(records, notifier)
+    app = create_app(records)
     schema = schemathesis.openapi.from_asgi("/openapi.json", app)
     operation = schema.find_operation_by_label(label)
     assert operation is not None, label
@@ -145,7 +144,6 @@ def test_operation(records: Records, label: str, mode: GenerationMode) -> None:
             token = tokens.make(source)
             if token is not None:
                 case.body["token"] = token
-        calls = len(notifier.calls)
         before = snapshot(records)
         response = case.call()
         seen[response.status_code] = seen.get(response.status_code, 0) + 1
@@ -168,7 +166,6 @@ def test_operation(records: Records, label: str, mode: GenerationMode) -> None:
         assert token is not None and source in ("managed", "existing"), response.text
         assert _token_used(records, token)
         assert len(after["workers"]) == len(before["workers"]) + 1
-        assert len(notifier.calls) == calls + (source == "managed")
 
     example()
     assert sum(seen.values()) > 0
@@ -178,7 +175,7 @@ def test_operation(records: Records, label: str, mode: GenerationMode) -> None:
 
 
 async def _post(records: Records, content: bytes) -> httpx.Response:
-    app = create_app(records, RecordingNotifier())
+    app = create_app(records)
     transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
     async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
         return await client.post(
@@ -205,7 +202,7 @@ async def test_a_body_json_cannot_read_is_a_clean_4xx(records: Records, content:
 
 
 def test_every_status_the_api_answers_is_documented(records: Records) -> None:
-    document = create_app(records, RecordingNotifier()).openapi()
+    document = create_app(records).openapi()
     assert "400" in document["paths"][REGISTER]["post"]["responses"]
 
 

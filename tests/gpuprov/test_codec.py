@@ -572,13 +572,23 @@ async def test_dev_stack_with_keys_serves_the_codec_to_the_ui_and_encrypts_regis
 
         raw, as_json = await history_of(stack.client, f"job-{job_name}")
         assert b"gpus_per_node" not in raw and ready.nodes[0].worker_id.encode() not in raw
-        updates = [
-            event["workflowExecutionUpdateAcceptedEventAttributes"]
-            for event in json.loads(as_json)["events"]
-            if "workflowExecutionUpdateAcceptedEventAttributes" in event
+        events = json.loads(as_json)["events"]
+        waits = {
+            event["eventId"]
+            for event in events
+            if event.get("activityTaskScheduledEventAttributes", {})
+            .get("activityType", {})
+            .get("name")
+            == "await_registrations"
+        }
+        results = [
+            event["activityTaskCompletedEventAttributes"]
+            for event in events
+            if event.get("activityTaskCompletedEventAttributes", {}).get("scheduledEventId")
+            in waits
         ]
-        assert updates, "no register_worker Update in history"
-        [payload] = updates[0]["acceptedRequest"]["input"]["args"]["payloads"]
+        assert results, "the job never read its node's registration"
+        [payload] = results[0]["result"]["payloads"]
         assert payload["metadata"]["encoding"] == b64(ENCODING)
 
 

@@ -56,10 +56,11 @@ async def test_demo_ssh_bootstraps_the_agent_over_real_ssh_and_leaves_nothing_be
     assert fingerprint, out
 
     # The history: the host ran and answered SSH, then bootstrap began; the agent it started
-    # registered through the API while bootstrap waited for it; the job was ready after that.
+    # registered through the API while bootstrap waited for it; the job then read that
+    # registration and was ready after that.
     steps = re.findall(r"\+\s*[\d.]+s  (\S+)", out)
     assert steps[:3] == ["plan", "launch", "wait_running"], out  # launch: prepare + create
-    assert steps[3:] == ["bootstrap", "register_worker:", "bootstrap"], out
+    assert steps[3:] == ["bootstrap", "bootstrap", "await_registrations"], out
 
     # Bootstrap logged in to that sshd and verified the configured host key.
     booted = re.search(

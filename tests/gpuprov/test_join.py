@@ -25,7 +25,7 @@ from gpuprov.api import create_app, serving
 from gpuprov.db import JoinToken, WorkerRecord
 from gpuprov.dev import free_port
 from gpuprov.engine import open_records
-from gpuprov.models import WorkerCapabilities, WorkerRegistration
+from gpuprov.models import WorkerCapabilities
 from gpuprov.records import Records
 from tests.gpuprov.test_agent import H100X8, TOKEN, install_nvidia_smi
 from tests.gpuprov.test_records import snapshot
@@ -38,7 +38,6 @@ class ControlPlane:
     records: Records
     port: int
     env: dict[str, str]  # for CLI subprocesses: this database, this API, the fake nvidia-smi
-    notified: list[tuple[str, WorkerRegistration]]
 
     @property
     def url(self) -> str:
@@ -54,12 +53,6 @@ def clean_env(**extra: str) -> dict[str, str]:
 async def control_plane(tmp_path) -> AsyncIterator[ControlPlane]:
     database_url = f"sqlite:///{tmp_path}/db"
     records = open_records(database_url)
-    notified: list[tuple[str, WorkerRegistration]] = []
-
-    async def notify(job: str, registration: WorkerRegistration) -> None:
-        notified.append((job, registration))
-        raise AssertionError(f"an existing worker's registration notified job {job}")
-
     bin_dir = install_nvidia_smi(tmp_path / "bin", H100X8)
     port = free_port()
     env = clean_env(
@@ -68,8 +61,8 @@ async def control_plane(tmp_path) -> AsyncIterator[ControlPlane]:
         PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
     )
     try:
-        async with serving(create_app(records, notify), "127.0.0.1", port):
-            yield ControlPlane(records=records, port=port, env=env, notified=notified)
+        async with serving(create_app(records), "127.0.0.1", port):
+            yield ControlPlane(records=records, port=port, env=env)
     finally:
         records.db.dispose()
 
@@ -132,7 +125,6 @@ async def test_token_create_then_join_registers_an_idle_existing_worker(control_
     assert f"worker {worker.id}" in out
     assert "8 x NVIDIA H100 80GB HBM3" in out and "GPU runtime OK" in out
     assert token not in out + err
-    assert plane.notified == []  # an existing worker belongs to no job yet
 
     # Only the SHA-256 is stored, and the token is spent.
     with plane.records.db.session() as session:

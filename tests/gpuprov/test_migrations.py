@@ -66,12 +66,13 @@ def test_upgrade_creates_exactly_the_six_tables(empty: Database):
 
     assert set(sa.inspect(empty.engine).get_table_names()) == TABLES | {"alembic_version"}
     assert {table.name for table in metadata.sorted_tables} == TABLES
-    assert empty.current_revision() == head() == "0001_initial"
+    assert empty.current_revision() == head() == "0002_workers_vm_index"
     described = schema(empty)
     assert ("uq_vms_vm", ("vm",)) in described["vms"]["unique"]
     assert ("uq_blocks_scope_key", ("scope", "key")) in described["blocks"]["unique"]
     assert ("uq_join_tokens_token_sha256", ("token_sha256",)) in described["join_tokens"]["unique"]
     assert ("ix_vms_job", ("job",), False) in described["vms"]["indexes"]
+    assert ("ix_workers_vm", ("vm",), False) in described["workers"]["indexes"]
     assert ("uq_orphans_open_vm", ("vm",), True) in described["orphans"]["indexes"]
     assert described["join_tokens"]["foreign_keys"] == [("fk_join_tokens_vm_vms", ("vm",), "vms")]
 

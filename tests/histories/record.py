@@ -31,13 +31,13 @@ from datetime import timedelta
 from pathlib import Path
 
 import httpx
-from temporalio.client import Client, WorkflowHistory
+from temporalio.client import Client, WorkflowFailureError, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from gpuprov import search_attributes
-from gpuprov.api import create_app, serving, temporal_notifier
+from gpuprov.api import create_app, serving
 from gpuprov.binaries import temporal_binary
 from gpuprov.client import GpuprovClient
 from gpuprov.config import FakeProviderConfig, FaultRule
@@ -63,6 +63,7 @@ HERE = Path(__file__).resolve().parent
 # A fixed identity instead of the default pid@hostname: the histories name no machine.
 IDENTITY = "gpuprov-history-recorder"
 TASK_QUEUE = "replay"  # scenarios run one after another, each with its own worker
+LARGEST_JOB = JobSpec.model_fields["nodes"].metadata[-1].le  # the spec's upper bound
 
 
 @dataclass
@@ -88,7 +89,7 @@ class Run:
                 yield gpuprov, cloud, None
             return
         port = free_port()
-        app = create_app(self.records, temporal_notifier(self.client))
+        app = create_app(self.records)
         async with serving(app, "127.0.0.1", port):
             url = f"http://127.0.0.1:{port}"
             async with self._worker(config, url) as (gpuprov, cloud):
@@ -252,6 +253,34 @@ async def agent_registration(run: Run) -> None:
         _expect(final.state is JobState.COMPLETED, f"completed, got {final.state}")
 
 
+async def large_job(run: Run) -> None:
+    """The largest job a spec allows: every node registers through the API, then release."""
+    config = fast_cloud(simulate_agent=True, boot_timeout=300, delete_timeout=300)
+    async with run.worker(config, api=True) as (gpuprov, _cloud, _):
+        handle = await gpuprov.submit(run.job(LARGEST_JOB))
+        at_ready, final = await ready_then_release(handle, timeout=600)
+        _expect(at_ready.state is JobState.READY, f"ready, got {at_ready.state}: {at_ready.error}")
+        _expect(all(n.worker_id for n in at_ready.nodes), "every node registered")
+        _expect(final.state is JobState.COMPLETED, f"completed, got {final.state}")
+
+
+async def invalid_spec(run: Run) -> None:
+    """Started raw (as the temporal CLI does) with an invalid spec: failed at once."""
+    async with run.worker(fast_cloud()):
+        handle = await run.client.start_workflow(
+            "ProvisionJob",
+            {"name": run.name, "nodes": "many"},
+            id=f"job-{run.name}",
+            task_queue=run.task_queue,
+        )
+        try:
+            await asyncio.wait_for(handle.result(), 30)
+        except WorkflowFailureError as failed:
+            _expect("nodes" in str(failed.cause), f"names the field: {failed.cause}")
+        else:
+            _expect(False, "the workflow failed")
+
+
 async def existing_worker(run: Run) -> None:
     async with run.worker(fast_cloud(), api=True) as (gpuprov, cloud, api_url):
         token = run.records.mint_token(label="replay-box", ttl=timedelta(minutes=5))
@@ -340,9 +369,11 @@ SCENARIOS: dict[str, Scenario] = {
         Scenario("release_keep", "release=keep: machines marked kept", release_keep),
         Scenario(
             "agent_registration",
-            "the node registers through the API (register_worker Update)",
+            "the node registers through the API; the job reads its worker row",
             agent_registration,
         ),
+        Scenario("large_job", f"{LARGEST_JOB} nodes through registration to release", large_job),
+        Scenario("invalid_spec", "a raw start with an invalid spec fails at once", invalid_spec),
         Scenario(
             "existing_worker",
             "an idle existing worker is reserved; no cloud machine",

@@ -1,4 +1,4 @@
-"""The failover table of DESIGN.md ("Errors are the failover policy") and offer ranking.
+"""The failover policy (every cell of workflows/policy.py's decision) and offer ranking.
 
 Pure functions only: no Temporal server."""
 
@@ -13,92 +13,107 @@ from providers.base import Offer, PriceQuote
 from providers.errors import ErrorKind
 from workflows.policy import (
     FORWARD_RETRY,
-    POLICY,
+    TABLE,
     TEARDOWN_RETRY,
     TEARDOWN_ROUNDS,
-    Action,
-    action_for,
-    retry_teardown,
+    Decision,
+    Failure,
+    Stage,
+    decide,
+    retried_at_source,
 )
 from workflows.selection import blocking, cost_cap_reason, rank_offers
 
 K = ErrorKind
+S = BlockScope
 
-# ---------------------------------------------------------------- the policy table
+# ---------------------------------------------------------------- the policy: every cell
+
+# The table as the design states it: kind -> (teardown, block, abort) for a failed attempt.
+ROWS = {
+    K.CAPACITY: (True, S.OFFER, False),
+    K.QUOTA: (True, S.REGION, False),
+    K.UNAVAILABLE: (False, S.OFFER, False),
+    K.FAILED: (True, S.OFFER, False),
+    K.INVALID_REQUEST: (False, S.NONE, True),
+    K.CREDENTIALS: (True, S.NONE, True),
+}
+OVERRIDES = [None, *BlockScope]
 
 
-def test_every_kind_has_a_row() -> None:
-    assert set(POLICY) == set(ErrorKind)
-
-
-def test_transient_retries_the_step_and_nothing_else() -> None:
-    assert POLICY[K.TRANSIENT] == Action(retry_step=True, teardown=False, block=None, abort=False)
-
-
-def test_capacity_tears_down_and_blocks_the_offer() -> None:
-    assert action_for(K.CAPACITY) == Action(
-        retry_step=False, teardown=True, block=BlockScope.OFFER, abort=False
+def expected(failure: Failure) -> Decision:
+    """The policy written out cell by cell, independently of workflows/policy.py's code."""
+    kind = K.FAILED if failure.kind is K.TRANSIENT else failure.kind  # retries are spent
+    teardown, block, abort = ROWS[kind]
+    if failure.stage is Stage.TEARDOWN:
+        again = not abort and failure.rounds_done < TEARDOWN_ROUNDS
+        return Decision(retry=again, teardown=False, block=S.NONE, abort=False)
+    if failure.stage is Stage.BOOKKEEPING:
+        return Decision(retry=False, teardown=True, block=S.NONE, abort=True)
+    if failure.scope is not None:
+        block = failure.scope
+    if failure.stage is Stage.PLAN:
+        block = S.NONE if abort or block is S.NONE else S.PROVIDER
+        return Decision(retry=False, teardown=False, block=block, abort=abort)
+    return Decision(
+        retry=False,
+        teardown=teardown or failure.instances_may_exist,
+        block=block,
+        abort=abort,
     )
 
 
-def test_quota_tears_down_and_blocks_the_region() -> None:
-    assert action_for(K.QUOTA) == Action(
-        retry_step=False, teardown=True, block=BlockScope.REGION, abort=False
-    )
+CELLS = [
+    Failure(kind, stage, instances_may_exist=may_exist, scope=scope, rounds_done=rounds)
+    for kind in ErrorKind
+    for stage in Stage
+    for may_exist in (False, True)
+    for scope in OVERRIDES
+    for rounds in range(1, TEARDOWN_ROUNDS + 1)
+]
 
 
-def test_unavailable_blocks_the_offer_without_teardown() -> None:
-    assert action_for(K.UNAVAILABLE) == Action(
-        retry_step=False, teardown=False, block=BlockScope.OFFER, abort=False
-    )
+def test_every_kind_has_a_row_and_only_transient_retries_at_the_source() -> None:
+    assert set(TABLE) == set(ErrorKind)
+    assert [kind for kind in ErrorKind if retried_at_source(kind)] == [K.TRANSIENT]
 
 
-def test_failed_tears_down_and_blocks_the_offer() -> None:
-    assert action_for(K.FAILED) == Action(
-        retry_step=False, teardown=True, block=BlockScope.OFFER, abort=False
-    )
+@pytest.mark.parametrize(
+    "failure",
+    CELLS,
+    ids=[
+        f"{c.kind.value}-{c.stage.value}-{'may' if c.instances_may_exist else 'none'}-"
+        f"{c.scope.value if c.scope else 'policy'}-r{c.rounds_done}"
+        for c in CELLS
+    ],
+)
+def test_every_cell_of_the_policy(failure: Failure) -> None:
+    assert decide(failure) == expected(failure)
 
 
-def test_invalid_request_aborts_without_teardown() -> None:
-    action = action_for(K.INVALID_REQUEST)
-    assert action.abort is True and action.teardown is False and action.block is None
-
-
-def test_credentials_tear_down_and_abort() -> None:
-    action = action_for(K.CREDENTIALS)
-    assert action.abort is True and action.teardown is True and action.block is None
-
-
-@pytest.mark.parametrize("kind", [k for k in ErrorKind if k is not K.TRANSIENT])
-def test_only_transient_retries_the_step(kind: ErrorKind) -> None:
-    assert POLICY[kind].retry_step is False
-
-
-def test_transient_that_reaches_the_workflow_is_treated_as_failed() -> None:
-    assert action_for(K.TRANSIENT) == action_for(K.FAILED)
-    assert action_for(K.TRANSIENT).retry_step is False
-
-
-@pytest.mark.parametrize("kind", list(ErrorKind))
-def test_action_for_never_asks_the_workflow_to_retry(kind: ErrorKind) -> None:
-    assert action_for(kind).retry_step is False
-
-
-@pytest.mark.parametrize("kind", [K.CAPACITY, K.QUOTA, K.UNAVAILABLE, K.FAILED])
-def test_failover_kinds_do_not_abort(kind: ErrorKind) -> None:
-    assert action_for(kind).abort is False
-
-
-@pytest.mark.parametrize("kind", [K.TRANSIENT, K.CAPACITY, K.QUOTA, K.UNAVAILABLE, K.FAILED])
-def test_teardown_retries_until_the_round_limit(kind: ErrorKind) -> None:
-    assert [retry_teardown(kind, done) for done in range(TEARDOWN_ROUNDS + 1)] == [
-        True
-    ] * TEARDOWN_ROUNDS + [False]
-
-
-@pytest.mark.parametrize("kind", [K.INVALID_REQUEST, K.CREDENTIALS])
-def test_teardown_is_not_retried_for_aborting_kinds(kind: ErrorKind) -> None:
-    assert retry_teardown(kind, 0) is False
+def test_named_cells_of_the_design_table() -> None:
+    """A handful of cells spelled out, so a wrong `expected` cannot hide a wrong policy."""
+    attempt = Stage.ATTEMPT
+    assert decide(Failure(K.CAPACITY, attempt)) == Decision(False, True, S.OFFER, False)
+    assert decide(Failure(K.QUOTA, attempt)) == Decision(False, True, S.REGION, False)
+    assert decide(Failure(K.UNAVAILABLE, attempt)) == Decision(False, False, S.OFFER, False)
+    assert decide(Failure(K.UNAVAILABLE, attempt, instances_may_exist=True)).teardown is True
+    assert decide(Failure(K.INVALID_REQUEST, attempt)) == Decision(False, False, S.NONE, True)
+    assert decide(Failure(K.CREDENTIALS, attempt)) == Decision(False, True, S.NONE, True)
+    assert decide(Failure(K.TRANSIENT, attempt)) == decide(Failure(K.FAILED, attempt))
+    # a quota that names every region of the account widens the block; a timeout blocks nothing
+    assert decide(Failure(K.QUOTA, attempt, scope=S.PROVIDER)).block is S.PROVIDER
+    assert decide(Failure(K.FAILED, attempt, scope=S.NONE)).block is S.NONE
+    # a plan failure has no offer to blame
+    assert decide(Failure(K.CAPACITY, Stage.PLAN)).block is S.PROVIDER
+    assert decide(Failure(K.FAILED, Stage.PLAN, scope=S.NONE)).block is S.NONE
+    assert decide(Failure(K.CREDENTIALS, Stage.PLAN)) == Decision(False, False, S.NONE, True)
+    # teardown rounds, then a possible orphan; an aborting kind gets no more rounds
+    rounds = [decide(Failure(K.FAILED, Stage.TEARDOWN, rounds_done=n)).retry for n in (1, 2, 3)]
+    assert rounds == [True, True, False]
+    assert decide(Failure(K.CREDENTIALS, Stage.TEARDOWN, rounds_done=1)).retry is False
+    # the database failing for good fails the job, which releases what it holds
+    assert decide(Failure(K.FAILED, Stage.BOOKKEEPING)) == Decision(False, True, S.NONE, True)
 
 
 def test_retry_policies_are_bounded_and_teardown_tries_harder() -> None:

@@ -42,7 +42,8 @@ from tests.helpers import (
 )
 from workflows.reconcile import Reconcile, ReconcileInput, ReconcileReport
 
-TEARDOWN_STEPS = ["delete", "wait_gone", "mark_vm", "cleanup", "resolve_orphan"]
+# retire deletes, waits until observe shows nothing, marks the row terminated, then cleans up.
+TEARDOWN_STEPS = ["retire", "resolve_orphan"]
 
 
 @pytest.fixture

@@ -1,7 +1,8 @@
-"""Issue 3's job semantics end to end: real API, real tokens, real database, real dev server.
+"""Registration end to end: real API, real tokens, real database, real dev server.
 
 The fake cloud's booted instances run a simulated agent that registers through the API with the
-join token they were given; placement waits for that report and checks it."""
+join token they were given; placement waits for the worker row that registration wrote and
+checks the capabilities it holds. Nothing a node (or anyone else) sends reaches the workflow."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import pytest
 import sqlalchemy as sa
 from sqlmodel import select
 
-from gpuprov.api import create_app, serving, temporal_notifier
+from gpuprov.api import create_app, serving
 from gpuprov.client import JobNotFound, OffersQuery
 from gpuprov.config import FaultRule
 from gpuprov.db import CostRecord, JoinToken, VmRecord, WorkerRecord
@@ -46,9 +47,9 @@ def sqlite_records(tmp_path: Path) -> Records:
 
 @asynccontextmanager
 async def control_plane(client, records: Records) -> AsyncIterator[str]:
-    """The real API on a free loopback port, telling jobs through the real Temporal client."""
+    """The real API on a free loopback port (it needs no Temporal connection)."""
     port = free_port()
-    async with serving(create_app(records, temporal_notifier(client)), "127.0.0.1", port):
+    async with serving(create_app(records), "127.0.0.1", port):
         yield f"http://127.0.0.1:{port}"
 
 
@@ -269,7 +270,7 @@ async def test_no_secret_ever_enters_temporal_history(
             assert json.dumps(secret)[1:-1] not in text
 
 
-async def test_a_token_for_a_vm_the_job_is_not_waiting_for_is_refused_and_changes_nothing(
+async def test_a_registration_for_a_vm_the_job_is_not_waiting_for_never_becomes_its_node(
     client, task_queue, job_name, sqlite_records, api_url
 ):
     import httpx
@@ -279,33 +280,61 @@ async def test_a_token_for_a_vm_the_job_is_not_waiting_for_is_refused_and_change
         _cloud,
     ):
         handle = await gpuprov.submit(job(job_name))
-        await until(handle, lambda s: s.state is JobState.READY)
+        ready = await until(handle, lambda s: s.state is JobState.READY)
         # a VM row of this job that is not a node of its current attempt (a stale attempt)
+        stray = f"{job_name}-a9-n0"
         sqlite_records.record_vm(
             job=job_name,
             node_index=0,
             attempt=9,
-            vm=f"{job_name}-a9-n0",
+            vm=stray,
             provider="fake",
             region="r1",
             zone="r1-a",
         )
-        token = sqlite_records.mint_token(vm=f"{job_name}-a9-n0", ttl=timedelta(minutes=5))
-        workers_before = rows(sqlite_records, WorkerRecord)
+        token = sqlite_records.mint_token(vm=stray, ttl=timedelta(minutes=5))
         async with httpx.AsyncClient(base_url=api_url) as http:
             response = await http.post(
                 "/v1/workers/register",
                 json={"token": token, "capabilities": _capabilities_json()},
             )
-        assert response.status_code == 409, response.text
-        assert "is not a node this job is waiting for" in response.json()["detail"]
-        assert rows(sqlite_records, WorkerRecord) == workers_before
-        digest = Records.hash_token(token)
-        assert [t.used_at for t in rows(sqlite_records, JoinToken) if t.token_sha256 == digest] == [
-            None
-        ]
+        assert response.status_code == 200, response.text  # a real token for a real row
+        after = await handle.status()
+        assert [n.worker_id for n in after.nodes] == [n.worker_id for n in ready.nodes]
+        assert response.json()["worker_id"] not in {n.worker_id for n in after.nodes}
         await handle.release()
         await handle.result()
+    # the job's ending revoked every worker of the job, the stray one included
+    states = {w.vm: w.state for w in rows(sqlite_records, WorkerRecord)}
+    assert states[stray] == "revoked"
+
+
+async def test_a_forged_registration_update_is_refused_and_changes_nothing(
+    client, task_queue, job_name, sqlite_records, api_url
+):
+    """Anyone who reaches Temporal can send an Update; a job takes registrations only from the
+    database rows its nodes' tokens created, so the old `register_worker` Update does not
+    exist, and a job waiting for its node stays waiting."""
+    from temporalio.client import WorkflowUpdateFailedError
+    from temporalio.service import RPCError
+
+    slow = agent_cloud(boot_delay_seconds=600, boot_timeout=900)
+    async with fake_worker(client, task_queue, slow, sqlite_records, api_url) as (gpuprov, _):
+        handle = await gpuprov.submit(job(job_name))
+        waiting = await until(handle, lambda s: bool(s.nodes) and s.nodes[0].instance_ids)
+        forged = {
+            "vm": waiting.nodes[0].vm,
+            "worker_id": "invented",
+            "capabilities": _capabilities_json(),
+        }
+        workflow = client.get_workflow_handle(f"job-{job_name}")
+        with pytest.raises((WorkflowUpdateFailedError, RPCError)):
+            await workflow.execute_update("register_worker", forged)
+        status = await handle.status()
+        assert status.state is JobState.PROVISIONING
+        assert [n.worker_id for n in status.nodes] == [None]
+        assert rows(sqlite_records, WorkerRecord) == []
+        await workflow.cancel()
 
 
 async def test_a_job_name_used_again_gets_its_own_vm_identities_and_rows(

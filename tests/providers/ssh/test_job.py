@@ -17,7 +17,7 @@ from sqlmodel import select
 from temporalio.client import Client
 
 from activities.bootstrap import REMOTE_ROOT
-from gpuprov.api import create_app, serving, temporal_notifier
+from gpuprov.api import create_app, serving
 from gpuprov.client import GpuprovClient
 from gpuprov.db import VmRecord, WorkerRecord
 from gpuprov.engine import build_worker, open_records
@@ -97,7 +97,7 @@ async def test_a_job_fails_over_to_the_reachable_machine_registers_and_releases_
             ssh_key_dir=tmp_path / "worker-keys",
             ssh_bootstrap={"ssh"},  # what `[providers.ssh]` gives (ssh_bootstrap defaults true)
         )
-        api = create_app(records, temporal_notifier(client))
+        api = create_app(records)
         try:
             async with serving(api, "127.0.0.1", port), worker:
                 gpuprov = GpuprovClient(client, task_queue)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from gpuprov.api import create_app, serving, temporal_notifier
+from gpuprov.api import create_app, serving
 from gpuprov.client import GpuprovClient
 from gpuprov.config import JobsSettings, K3sSettings
 from gpuprov.engine import build_worker, open_records
@@ -93,7 +93,7 @@ async def test_a_k3s_job_runs_the_server_on_node_0_and_joins_the_others(
             ssh_bootstrap={"ssh"},
         )
         try:
-            api = create_app(records, temporal_notifier(client))
+            api = create_app(records)
             async with serving(api, "127.0.0.1", port), worker:
                 gpuprov = GpuprovClient(client, task_queue)
                 spec = job(
