@@ -36,8 +36,8 @@ from temporalio.client import (
 )
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities import metrics
 from activities.errors import truncate
+from activities.store import record_possible_orphan
 from gpuprov.db import OrphanRecord, VmRecord, utcnow
 from gpuprov.models import JobStatus, workflow_id_for
 from gpuprov.records import Records
@@ -290,21 +290,9 @@ class ReconcileActivities:
         return bool(observed)
 
     async def _record(self, candidate: Candidate, error: str) -> OrphanRecord:
-        location = candidate.location
-
-        orphan = await asyncio.to_thread(
-            lambda: self._records.record_orphan(
-                provider=location.provider,
-                region=location.region,
-                zone=location.zone,
-                vm=candidate.vm,
-                instance_ids=candidate.instance_ids,
-                error=error,
-            )
+        return await record_possible_orphan(
+            self._records, candidate.location, candidate.vm, candidate.instance_ids, error
         )
-        if orphan.attempts == 1:  # not one a job recorded since this pass read the table
-            metrics.orphan_found(location.provider)
-        return orphan
 
 
 def _candidate(

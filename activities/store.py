@@ -25,9 +25,10 @@ from pydantic import Field
 from temporalio import activity
 
 from activities import metrics
+from gpuprov.db import OrphanRecord
 from gpuprov.models import Block, BlockScope, ExistingWorker, NodeInstance, WorkerCapabilities
 from gpuprov.records import Records
-from providers.base import Model, PriceQuote, ResourceRequest, compatibility_reasons
+from providers.base import Location, Model, PriceQuote, ResourceRequest, compatibility_reasons
 from providers.errors import ErrorKind
 
 
@@ -196,19 +197,9 @@ class StoreActivities:
     @activity.defn(name="record_orphan")
     async def record_orphan(self, request: OrphanInput) -> None:
         node = request.node
-
-        orphan = await asyncio.to_thread(
-            lambda: self._records.record_orphan(
-                provider=node.provider,
-                region=node.region,
-                zone=node.zone,
-                vm=node.vm,
-                instance_ids=node.instance_ids,
-                error=request.error,
-            )
+        await record_possible_orphan(
+            self._records, node.location, node.vm, node.instance_ids, request.error
         )
-        if orphan.attempts == 1:  # a reconciler's failed retry is not new
-            metrics.orphan_found(node.provider)
 
     @activity.defn(name="resolve_orphan")
     async def resolve_orphan(self, request: ResolveInput) -> bool:
@@ -226,6 +217,26 @@ class StoreActivities:
         for row in rows:
             (released.idle if row.state == "idle" else released.revoked).append(row.id)
         return released
+
+
+async def record_possible_orphan(
+    records: Records, location: Location, vm: str, instance_ids: list[str], error: str
+) -> OrphanRecord:
+    """Record a machine that may outlive its job (a repeat bumps its attempts); a new one
+    counts in gpuprov_orphans_found_total. Used by teardown and by the reconciler's survey."""
+    orphan = await asyncio.to_thread(
+        lambda: records.record_orphan(
+            provider=location.provider,
+            region=location.region,
+            zone=location.zone,
+            vm=vm,
+            instance_ids=instance_ids,
+            error=error,
+        )
+    )
+    if orphan.attempts == 1:  # a failed retry of a known orphan is not new
+        metrics.orphan_found(location.provider)
+    return orphan
 
 
 def _aware_utc(moment: datetime) -> datetime:

@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
     import workflows.health as health
     import workflows.metrics as metrics
     import workflows.policy as policy
+    import workflows.report as report
     from activities.cloud import CloudActivities, PlanInput
     from activities.errors import StepFailure
     from activities.health import HealthInput
@@ -61,7 +62,7 @@ with workflow.unsafe.imports_passed_through():
         NodeInstance,
         ReleasePolicy,
     )
-    from providers.base import Capabilities, Offer, Severity, Verdict
+    from providers.base import Capabilities, Offer
     from workflows.attempt import AttemptSaga
     from workflows.compensation import (
         Compensation,
@@ -466,39 +467,13 @@ class ProvisionJob:
         self._publish_details()
 
     def _publish_details(self) -> None:
-        lines = [f"**{self._status.state.value}**"]
-        if self._status.waiting_for:
-            lines.append(f"waiting for: {self._status.waiting_for}")
-        if self._status.error:
-            lines.append(f"error: {self._status.error}")
-        lines += [f"- attempt {a.describe()}" for a in self._status.attempts]
-        lines += [f"- blocked {b.scope.value} {b.key}: {b.kind.value}" for b in self._status.blocks]
-        lines += [
-            f"- node {report.vm}: **{report.verdict.value}**: "
-            + "; ".join(f.message for f in report.findings if f.severity is not Severity.INFO)
-            for report in self._status.health
-            if report.verdict is not Verdict.HEALTHY
-        ]
-        workflow.set_current_details("\n".join(lines))
+        workflow.set_current_details(report.current_details(self._status))
 
     def _attempt_lines(self) -> str:
-        return "".join(f"\n  {attempt.describe()}" for attempt in self._status.attempts)
+        return report.attempt_lines(self._status)
 
     def _spent_message(self, offers: list[Offer]) -> str:
-        if not offers:
-            reasons = "".join(f"\n  {r}" for r in self._status.rejected_offers[:20])
-            blocks = "".join(
-                f"\n  {b.key}: {b.kind.value}: {b.message}" for b in self._status.blocks
-            )
-            return f"no compatible offer for the job{blocks}{reasons}"
-        tried = len(self._status.attempts)
-        skipped = [
-            f"\n  {offer.id}: skipped, {block.scope.value} blocked by {block.kind.value}"
-            for offer in offers
-            if (block := blocking(self._status.blocks, offer)) is not None
-            and not self._tried(offer)
-        ]
-        return f"every offer failed ({tried} tried):{self._attempt_lines()}{''.join(skipped)}"
+        return report.spent_message(self._status, offers)
 
 
 def _gpus_of(node: NodeInstance) -> int | None:
