@@ -1,7 +1,10 @@
 """Choosing offers: cost cap, blocks, and the order they are tried in. Pure functions.
 
-Cheapest known price first, ties broken by offer id; offers without a price go last, and are
-rejected outright when the job sets a cost cap (no invented prices, ever).
+Cheapest known price first, ties broken by offer id. Only prices in one currency and unit
+(USD per hour) are compared: an offer quoted in another currency or per another unit keeps its
+quote but is ordered after every comparable one (among themselves: by currency, unit, amount),
+because converting it would need an exchange rate we do not have (no invented prices, ever).
+Offers without a price go last, and are rejected outright when the job sets a cost cap.
 """
 
 from __future__ import annotations
@@ -26,8 +29,14 @@ def cost_cap_reason(offer: Offer, nodes: int, max_hourly_cost: float | None) -> 
     return None
 
 
-def offer_order(offer: Offer) -> tuple[bool, float, str]:
-    return (offer.price is None, offer.price.amount if offer.price else 0.0, offer.id)
+def offer_order(offer: Offer) -> tuple[int, str, str, float, str]:
+    """Comparable (USD/hour) prices first, then other currencies or units, then no price."""
+    price = offer.price
+    if price is None:
+        return (2, "", "", 0.0, offer.id)
+    if price.currency != CAP_CURRENCY or price.unit != "hour":
+        return (1, price.currency, price.unit, price.amount, offer.id)
+    return (0, price.currency, price.unit, price.amount, offer.id)
 
 
 def rank_offers(

@@ -146,6 +146,23 @@ def ids(offers: list[Offer]) -> list[str]:
     return [o.id for o in offers]
 
 
+def test_prices_in_other_currencies_are_never_compared_as_raw_numbers() -> None:
+    offers = [
+        offer("usd-12", 12.0),
+        offer("eur-1", 1.0, currency="EUR"),
+        offer("usd-10", 10.0),
+        offer("none", None),
+        offer("eur-0.5-minute", 0.5, currency="EUR", unit="minute"),
+        offer("usd-5-minute", 5.0, unit="minute"),
+    ]
+    ranked, rejected = rank_offers(offers, 1, None)
+    # USD/hour by price; then other quotes, grouped by currency and unit; then no price.
+    assert ids(ranked) == ["usd-10", "usd-12", "eur-1", "eur-0.5-minute", "usd-5-minute", "none"]
+    assert rejected == []
+    # the quotes themselves are kept as the provider gave them
+    assert [o.price.currency for o in ranked if o.price] == ["USD", "USD", "EUR", "EUR", "USD"]
+
+
 def test_cheapest_offer_comes_first() -> None:
     ranked, rejected = rank_offers([offer("c", 12.0), offer("a", 10.0), offer("b", 11.0)], 1, None)
     assert ids(ranked) == ["a", "b", "c"]
