@@ -141,10 +141,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _client(settings: Settings) -> GpuprovClient:
-    temporal = settings.temporal
-    return await GpuprovClient.connect(
-        temporal.address, temporal.namespace, temporal.task_queue, codec=settings.codec
-    )
+    return await GpuprovClient.connect(codec=settings.codec, settings=settings.temporal)
 
 
 async def _submit(settings: Settings, args: argparse.Namespace) -> int:
