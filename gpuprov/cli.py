@@ -13,6 +13,7 @@
     gpuprov orphans [--all]           machines the reconciler is (or was) cleaning up
     gpuprov token create --label L    a single-use join token for a box you own
     gpuprov join --url U              on that box: probe it, register it as an existing worker
+    gpuprov apikey create|list|revoke operator API keys for the control-plane API
     gpuprov codec-server              decrypts payloads for the Temporal UI ([codec] keys)
 Connection settings come from gpuprov.toml (--config or GPUPROV_CONFIG) and the environment
 (GPUPROV_TEMPORAL__ADDRESS, default localhost:7233); --address overrides both.
@@ -33,7 +34,7 @@ from typing import NoReturn
 
 from pydantic import ValidationError
 
-from gpuprov import agent, schedules
+from gpuprov import agent, apikeys, schedules
 from gpuprov import demo as demo_module
 from gpuprov import setup as cluster_setup
 from gpuprov.api import create_app, serving, temporal_notifier
@@ -128,6 +129,7 @@ def _parser() -> argparse.ArgumentParser:
     join.add_argument("--token", help=f"the join token (prefer ${agent.TOKEN_ENV}/--token-file)")
     join.add_argument("--label-claim", help="the label you expect (the token's label wins)")
     join.add_argument("--tries", type=int, default=5, help="attempts while the API is down")
+    apikeys.add_parser(commands)
     commands.add_parser(
         "codec-server",
         help="serve /encode and /decode so the Temporal UI shows encrypted payloads",
@@ -244,8 +246,11 @@ async def _api(settings: Settings, args: argparse.Namespace) -> int:
             address = settings.temporal.address
             raise GpuprovError(f"cannot reach Temporal at {address}: {error}") from None
         app = create_app(records, temporal_notifier(client))
-        async with serving(app, settings.api.host, settings.api.port):
-            print(f"control-plane API at http://{settings.api.host}:{settings.api.port}")
+        api = settings.api
+        tls = {"tls_cert_file": api.tls_cert_file, "tls_key_file": api.tls_key_file}
+        async with serving(app, api.host, api.port, **tls):
+            scheme = "https" if api.https else "http"
+            print(f"control-plane API at {scheme}://{api.host}:{api.port}")
             print(f"nodes are told to use {settings.api.url}. Ctrl-C stops.")
             await _until_signalled()
     finally:
@@ -347,6 +352,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], Awaitable[int]]] = 
     "token": _token,
     "join": _join,
     "codec-server": _codec_server,
+    "apikey": apikeys.command,
 }
 
 

@@ -10,7 +10,7 @@
 The material is checked before anything is dialled: each file readable, each PEM parsable, the
 key the certificate's own, the certificate within its validity. The first call of
 `Client.connect` then proves the handshake and the credentials. A failure a setting causes is a
-`TemporalSettingError` (a ConfigError: never worth retrying) whose one-line message names that
+`pem.SettingError` (a ConfigError: never worth retrying) whose one-line message names that
 setting; a server that cannot be reached raises temporalio's own RuntimeError, which the worker
 and `gpuprov setup` retry. No message ever holds a key.
 """
@@ -18,21 +18,16 @@ and `gpuprov setup` retry. No message ever holds a key.
 from __future__ import annotations
 
 import re
-from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-from cryptography import x509
-from cryptography.exceptions import UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from pydantic import SecretStr
 from temporalio.client import Client
 from temporalio.runtime import Runtime
 from temporalio.service import TLSConfig
 
+from gpuprov import pem
 from gpuprov.codec import data_converter
-from gpuprov.config import CodecSettings, ConfigError, TemporalSettings, TemporalTlsSettings
+from gpuprov.config import CodecSettings, TemporalSettings, TemporalTlsSettings
 
 # The Rust core reports a failed connect to Python only as text ("Failed client connect: ..."),
 # so this table is the one place that reads it: a marker of rustls/tonic's error, the setting
@@ -54,7 +49,7 @@ _INNER = re.compile(r"InvalidCertificate\((\w+)")
 _API_KEY = re.compile(r"[\x21-\x7e]+")  # one header value: printable ASCII, no spaces
 
 
-class TemporalSettingError(ConfigError):
+class TemporalSettingError(pem.SettingError):
     """A `[temporal]` setting that cannot work; the message names it, never its secret."""
 
 
@@ -141,9 +136,9 @@ def _tls_config(tls: TemporalTlsSettings, *, with_api_key: bool) -> TLSConfig | 
     key_pem = _pem(tls, "client_key")
     ca_pem = _pem(tls, "server_ca")
     if cert_pem is not None and key_pem is not None:
-        _check_pair(tls, cert_pem, key_pem)
+        pem.check_pair(_name(tls, "client_cert"), cert_pem, _name(tls, "client_key"), key_pem)
     if ca_pem is not None:
-        _certificates(tls, "server_ca", ca_pem)
+        pem.certificates(_name(tls, "server_ca"), ca_pem)
     return TLSConfig(
         server_root_ca_cert=ca_pem,
         domain=tls.server_name,
@@ -168,7 +163,7 @@ def _name(tls: TemporalTlsSettings, name: str) -> str:
 def _pem(tls: TemporalTlsSettings, name: str) -> bytes | None:
     path = getattr(tls, f"{name}_file")
     if path is not None:
-        return _read(_name(tls, name), path)
+        return pem.read(_name(tls, name), path)
     inline = getattr(tls, name)
     if inline is None:
         return None
@@ -176,56 +171,10 @@ def _pem(tls: TemporalTlsSettings, name: str) -> bytes | None:
     return text.encode()
 
 
-def _read(setting: str, path: str) -> bytes:
-    try:
-        return Path(path).expanduser().read_bytes()
-    except OSError as error:
-        raise TemporalSettingError(f"{setting}: cannot read it: {error.strerror}") from None
-
-
-def _certificates(tls: TemporalTlsSettings, name: str, pem: bytes) -> list[x509.Certificate]:
-    try:
-        return x509.load_pem_x509_certificates(pem)
-    except ValueError:
-        raise TemporalSettingError(
-            f"{_name(tls, name)}: not a PEM certificate (-----BEGIN CERTIFICATE-----)"
-        ) from None
-
-
-def _private_key(tls: TemporalTlsSettings, pem: bytes) -> PrivateKeyTypes:
-    try:
-        return serialization.load_pem_private_key(pem, password=None)
-    except TypeError:  # cryptography's word for "encrypted, and no password given"
-        raise TemporalSettingError(
-            f"{_name(tls, 'client_key')}: the key is encrypted; give an unencrypted PEM key"
-        ) from None
-    except (ValueError, UnsupportedAlgorithm):
-        raise TemporalSettingError(f"{_name(tls, 'client_key')}: not a PEM private key") from None
-
-
-def _check_pair(tls: TemporalTlsSettings, cert_pem: bytes, key_pem: bytes) -> None:
-    """The certificate parses and is valid now; the key parses and is the certificate's own."""
-    certificate = _certificates(tls, "client_cert", cert_pem)[0]
-    key = _private_key(tls, key_pem)
-    spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-    if key.public_key().public_bytes(*spki) != certificate.public_key().public_bytes(*spki):
-        raise TemporalSettingError(
-            f"{_name(tls, 'client_key')}: not the private key of "
-            f"{_name(tls, 'client_cert')} (a key from another pair?)"
-        )
-    now = datetime.now(UTC)
-    if certificate.not_valid_after_utc <= now:
-        expired = certificate.not_valid_after_utc.isoformat(timespec="seconds")
-        raise TemporalSettingError(f"{_name(tls, 'client_cert')}: expired at {expired}")
-    if certificate.not_valid_before_utc > now:
-        starts = certificate.not_valid_before_utc.isoformat(timespec="seconds")
-        raise TemporalSettingError(f"{_name(tls, 'client_cert')}: not valid before {starts}")
-
-
 def _api_key(settings: TemporalSettings) -> str | None:
     if settings.api_key_file is not None:
         setting = f"temporal.api_key_file ({settings.api_key_file})"
-        raw = _read(setting, settings.api_key_file)
+        raw = pem.read(setting, settings.api_key_file)
         try:
             key = raw.decode("ascii").strip()
         except UnicodeDecodeError:

@@ -21,6 +21,7 @@ from gpuprov.config import TemporalSettings, TemporalTlsSettings
 from gpuprov.connection import TemporalSettingError, connect_temporal
 from gpuprov.dev import free_port
 from gpuprov.models import JobState, JobStatus
+from gpuprov.pem import SettingError
 from tests.tls import SERVER_NAME, Pki, TlsFront, running_nginx
 
 REPO = Path(__file__).resolve().parents[2]
@@ -291,7 +292,7 @@ def _refusals(pki: Pki) -> dict[str, tuple[dict[str, object], str]]:
 )
 async def test_a_wrong_setting_fails_fast_naming_it(front: TlsFront, pki: Pki, case: str):
     tls, expected = _refusals(pki)[case]
-    with pytest.raises(TemporalSettingError) as refused:
+    with pytest.raises(SettingError) as refused:
         await connect_temporal(settings(front, pki, **tls))
     message = str(refused.value)
     assert message.startswith(expected), message
@@ -316,3 +317,4 @@ async def test_an_unreachable_server_is_not_blamed_on_a_setting(pki: Pki):
     tls = TemporalTlsSettings(server_ca_file=str(pki.ca))
     with pytest.raises(RuntimeError, match="Connection refused"):
         await connect_temporal(TemporalSettings(address=f"127.0.0.1:{free_port()}", tls=tls))
+
