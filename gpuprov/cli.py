@@ -129,6 +129,12 @@ def _parser() -> argparse.ArgumentParser:
     join.add_argument("--token", help=f"the join token (prefer ${agent.TOKEN_ENV}/--token-file)")
     join.add_argument("--label-claim", help="the label you expect (the token's label wins)")
     join.add_argument("--tries", type=int, default=5, help="attempts while the API is down")
+    join.add_argument("--ca-file", help="pin the CA of the API's certificate (https)")
+    join.add_argument(
+        "--state-dir",
+        default=agent.PACKAGE_STATE_DIR,
+        help=f"where this worker's credential is kept (default {agent.PACKAGE_STATE_DIR})",
+    )
     apikeys.add_parser(commands)
     commands.add_parser(
         "codec-server",
@@ -327,11 +333,22 @@ async def _join(settings: Settings, args: argparse.Namespace) -> int:
     except ValidationError as error:
         raise agent.AgentError(f"probe result invalid: {format_validation_error(error)}") from None
     identity = {"label": args.label_claim} if args.label_claim else None
+    state_dir = os.path.expanduser(args.state_dir)
+    agent.prepare_state_dir(state_dir)  # before the token is spent
     response = await asyncio.to_thread(
-        agent.register, args.url, token, capabilities, identity, tries=args.tries
+        agent.register,
+        args.url,
+        token,
+        capabilities,
+        identity,
+        tries=args.tries,
+        ca_file=args.ca_file,
     )
+    shown = agent.keep_credential(state_dir, response)
     origin, label = response.get("origin"), response.get("label")
     print(f"joined: worker {response['worker_id']} ({origin}, label {label}), idle")
+    if "credential_file" in shown:
+        print(f"worker credential kept in {shown['credential_file']} (mode 0600)")
     print(capabilities_text(checked))
     return 0
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import ssl
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from pydantic import SecretStr
 from temporalio.testing import WorkflowEnvironment
@@ -318,3 +320,57 @@ async def test_an_unreachable_server_is_not_blamed_on_a_setting(pki: Pki):
     with pytest.raises(RuntimeError, match="Connection refused"):
         await connect_temporal(TemporalSettings(address=f"127.0.0.1:{free_port()}", tls=tls))
 
+
+# ---------------------------------------------------------------- the API process
+
+
+async def test_the_api_reaches_temporal_over_mtls_serves_https_and_honours_operator_keys(
+    front: TlsFront, pki: Pki, tmp_path: Path
+):
+    port = free_port()
+    env = mtls_env(
+        front,
+        pki,
+        GPUPROV_DATABASE__URL=f"sqlite:///{tmp_path / 'gpuprov.db'}",
+        GPUPROV_API__PORT=str(port),
+        GPUPROV_API__TLS_CERT_FILE=str(pki.path("server.pem")),
+        GPUPROV_API__TLS_KEY_FILE=str(pki.path("server.key")),
+    )
+    code, out, err = await gpuprov("apikey", "create", "--name", "ops", env=env)
+    assert code == 0, err
+    [key] = out.split()  # stdout is the key alone
+    assert key.startswith("gpo_") and key not in err and "shown only now" in err
+
+    process = await asyncio.create_subprocess_exec(
+        GPUPROV,
+        "api",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=clean_env(**env),
+    )
+    try:
+        assert process.stdout is not None
+        line = (await asyncio.wait_for(process.stdout.readline(), 60)).decode()
+        assert f"control-plane API at https://127.0.0.1:{port}" in line
+        pinned = ssl.create_default_context(cafile=str(pki.ca))
+        url = f"https://127.0.0.1:{port}"
+        async with httpx.AsyncClient(base_url=url, verify=pinned) as http:
+            assert (await http.get("/v1/workers")).status_code == 401
+            listed = await http.get("/v1/workers", headers={"Authorization": f"Bearer {key}"})
+            assert (listed.status_code, listed.json()) == (200, {"workers": []})
+
+            code, out, err = await gpuprov("apikey", "list", env=env)
+            assert code == 0 and " ops " in out and key not in out
+            code, out, err = await gpuprov("apikey", "revoke", "ops", env=env)
+            assert code == 0 and out.startswith("revoked ") and out.rstrip().endswith("(ops)")
+
+            revoked = await http.get("/v1/workers", headers={"Authorization": f"Bearer {key}"})
+            assert revoked.status_code == 401
+        code, out, err = await gpuprov("apikey", "revoke", "ops", env=env)
+        assert (code, err) == (2, "error: no live operator API key has the id or name 'ops'\n")
+    finally:
+        if process.returncode is None:
+            process.send_signal(signal.SIGTERM)
+        out_bytes, err_bytes = await asyncio.wait_for(process.communicate(), 30)
+    assert process.returncode == 0, err_bytes.decode()
+    assert key not in out_bytes.decode() + err_bytes.decode()
