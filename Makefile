@@ -26,9 +26,16 @@ $(SSHD):
 	$$([ "$$(id -u)" = 0 ] || echo sudo) sh -c 'export DEBIAN_FRONTEND=noninteractive; \
 		apt-get install -y openssh-server || { apt-get update && apt-get install -y openssh-server; }'
 
+# The TLS tests put nginx in front of the Temporal dev server (tests/tls.py), as the TLS
+# terminator that checks client certificates and API keys. Installed only where missing.
+NGINX := /usr/sbin/nginx
+$(NGINX):
+	$$([ "$$(id -u)" = 0 ] || echo sudo) sh -c 'export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y nginx || { apt-get update && apt-get install -y nginx; }'
+
 # Two test processes (pytest-xdist), one per core: the suite waits on servers and subprocesses
 # as much as it computes. Each process has its own Temporal dev server and PostgreSQL.
-test: $(STAMP) $(SSHD)
+test: $(STAMP) $(SSHD) $(NGINX)
 	$(BIN)/pytest -q -n 2
 
 # A job bootstrapped over real SSH on this machine: a throwaway OpenSSH sshd on loopback

@@ -17,7 +17,7 @@ import signal
 
 from temporalio.client import Client
 
-from gpuprov.config import Settings, load_settings
+from gpuprov.config import ConfigError, Settings, load_settings
 from gpuprov.engine import connect, metrics_runtime, running_worker
 
 # Waits between tries to reach Temporal at start-up: a worker started before its cluster (or
@@ -31,7 +31,7 @@ async def connect_patiently(settings: Settings, stop: asyncio.Event) -> Client |
     for tries in itertools.count():
         try:
             return await connect(settings.temporal, runtime, settings.codec)
-        except RuntimeError as error:  # temporalio's "Failed client connect: ..."
+        except RuntimeError as error:  # unreachable; a refused setting raises ConfigError
             delay = CONNECT_BACKOFF[min(tries, len(CONNECT_BACKOFF) - 1)]
             logging.warning(
                 "cannot reach Temporal at %s (%s); retrying in %gs",
@@ -77,7 +77,12 @@ def main() -> None:
     # botocore logs request parameters (EC2 user data carries a node's join token) at DEBUG.
     for chatty in ("botocore", "aiobotocore"):
         logging.getLogger(chatty).setLevel(max(logging.INFO, logging.getLogger().level))
-    asyncio.run(serve(args.config))
+    try:
+        asyncio.run(serve(args.config))
+    except ConfigError as error:  # a setting that cannot work: say which, once, and stop
+        logging.error("%s", error)
+        logging.shutdown()
+        os._exit(2)
     logging.shutdown()
     # Skip finalization: the Temporal client's Rust threads can crash it
     # (temporalio/sdk-python#300); the worker has already shut down cleanly.

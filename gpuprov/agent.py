@@ -2,6 +2,15 @@
 
     python3 agent.py probe [--disk-path /data]          print the capabilities JSON
     python3 agent.py register --url URL < token-file    probe, then POST /v1/workers/register
+    python3 agent.py whoami --url URL                   what the API knows of this worker
+
+Registration exchanges the join token for this worker's credential, which the agent keeps in
+<state dir>/worker-credential (mode 0600, in a 0700 directory): never on a command line, in
+the environment, on stdout or in a log. `--state-dir` defaults to the directory this file was
+installed in alone (bootstrap's private per-VM directory), or ~/.gpuprov/worker when it runs
+from the gpuprov package (`gpuprov join`). Every later call presents it (`Authorization: Bearer`).
+Over HTTPS, `--ca-file` pins the CA that signed the API's certificate (default: the system's
+CAs); a certificate that does not verify is refused at once, not retried.
 
 The join token is never on a command line (`ps` shows argv to every user; shells keep history):
 stdin (a pipe or file: its first line; a terminal: a prompt without echo), `--token-fd N`, or
@@ -44,6 +53,7 @@ import re
 import select
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -58,6 +68,8 @@ SMI_TIMEOUT = 10.0  # seconds per nvidia-smi call
 CUDA_TIMEOUT = 30.0  # cuInit initialises every GPU: seconds on a big box without persistence
 TOKEN_WAIT = 30.0  # seconds to wait for the token on stdin / --token-fd
 HTTP_TIMEOUT = 30.0
+CREDENTIAL_FILE = "worker-credential"
+PACKAGE_STATE_DIR = "~/.gpuprov/worker"
 MAX_PAUSE = 30.0
 LIBCUDA = "libcuda.so.1"
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
@@ -381,6 +393,91 @@ def _server_message(body: bytes) -> str:
     return str(detail)[:500]
 
 
+def _context(url: str, ca_file: str | None) -> ssl.SSLContext | None:
+    """The TLS context for an https URL: only `ca_file`'s CAs when given, else the system's."""
+    if not url.startswith("https://"):
+        return None
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError) as error:
+        raise AgentError(f"cannot use --ca-file {ca_file}: {error}") from None
+
+
+def _untrusted(error: OSError) -> ssl.SSLCertVerificationError | None:
+    """The certificate failure inside urllib's error, if that is what it is."""
+    reason = getattr(error, "reason", error)
+    return reason if isinstance(reason, ssl.SSLCertVerificationError) else None
+
+
+def call_api(
+    api_url: str,
+    path: str,
+    body: dict | None = None,
+    credential: str | None = None,
+    ca_file: str | None = None,
+    tries: int = 10,
+    pause: float = 1.0,
+    secret: str | None = None,
+    what: str | None = None,
+) -> dict:
+    """POST `body` (GET without one) to {api_url}{path}; the response JSON on 2xx. Messages
+    call the request `what` (default: the path).
+
+    A 4xx is final: AgentError with the server's message and `status`; so is a certificate
+    that does not verify. 5xx and connection errors are retried with exponential backoff from
+    `pause` (capped at 30 s) for `tries` attempts in all. `secret` (and the credential) never
+    appear in a message.
+    """
+    url = api_url.rstrip("/") + path
+    if not url.startswith(("http://", "https://")):
+        raise AgentError(f"bad API URL {api_url!r}: expected http(s)://host:port")
+    context = _context(url, ca_file)
+    headers = {"Content-Type": "application/json"} if body is not None else {}
+    if credential is not None:
+        headers["Authorization"] = f"Bearer {credential}"
+    data = json.dumps(body).encode() if body is not None else None
+    hidden = {value: name for value, name in ((secret, "<token>"), (credential, "<credential>"))}
+    tries, problem = max(tries, 1), ""
+    for attempt in range(1, tries + 1):
+        request = urllib.request.Request(
+            url, data=data, method="POST" if data is not None else "GET", headers=headers
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT, context=context) as answer:
+                return json.loads(answer.read())
+        except urllib.error.HTTPError as error:
+            message = "(no body)"
+            with contextlib.suppress(OSError):
+                message = _hide(_server_message(error.read()), hidden)
+            if error.code < 500:
+                refusal = f"{what or path} refused ({error.code}): {message}"
+                raise AgentError(refusal, error.code) from None
+            problem = f"HTTP {error.code}: {message}"
+        except ValueError as error:  # a 200 whose body is not JSON
+            raise AgentError(f"unreadable response from {url}: {error}") from None
+        except OSError as error:  # URLError, refused, reset, timed out, TLS
+            untrusted = _untrusted(error)
+            if untrusted is not None:
+                raise AgentError(
+                    f"the API's certificate at {url} is not trusted "
+                    f"({untrusted.verify_message}): pass --ca-file with the CA that signed it"
+                ) from None
+            problem = f"cannot reach {url}: {getattr(error, 'reason', error)}"
+        if attempt < tries:
+            delay = min(pause * 2 ** (attempt - 1), MAX_PAUSE)
+            log.warning("attempt %d/%d: %s; retrying in %.1fs", attempt, tries, problem, delay)
+            time.sleep(delay)
+    raise AgentError(f"{what or path} failed after {tries} attempts: {problem}", transient=True)
+
+
+def _hide(text: str, secrets: dict) -> str:
+    """`text` with each secret replaced by its placeholder ({secret: "<token>"})."""
+    for secret, placeholder in secrets.items():
+        if secret:
+            text = text.replace(secret, placeholder)
+    return text
+
+
 def register(
     api_url: str,
     token: str,
@@ -388,8 +485,10 @@ def register(
     identity: dict | None = None,
     tries: int = 10,
     pause: float = 1.0,
+    ca_file: str | None = None,
 ) -> dict:
-    """POST {api_url}/v1/workers/register; the response JSON on 200.
+    """POST {api_url}/v1/workers/register; the response JSON on 200, with the worker's
+    `credential` (save it with save_credential; never print it).
 
     A 4xx (unknown, used or expired token; refused by the job; too large; bad body) is final:
     AgentError with the server's message and `status`. 5xx and connection errors are retried
@@ -398,35 +497,89 @@ def register(
     body = {"token": token, "capabilities": capabilities}
     if identity is not None:
         body["identity"] = identity
-    data = json.dumps(body).encode()
-    url = api_url.rstrip("/") + "/v1/workers/register"
-    if not url.startswith(("http://", "https://")):
-        raise AgentError(f"bad API URL {api_url!r}: expected http(s)://host:port")
-    tries, problem = max(tries, 1), ""
-    for attempt in range(1, tries + 1):
-        request = urllib.request.Request(
-            url, data=data, method="POST", headers={"Content-Type": "application/json"}
+    return call_api(
+        api_url,
+        "/v1/workers/register",
+        body,
+        ca_file=ca_file,
+        tries=tries,
+        pause=pause,
+        secret=token,
+        what="registration",
+    )
+
+
+# ---------------------------------------------------------------- the worker credential
+
+
+def default_state_dir() -> str:
+    """Where the credential lives unless --state-dir says otherwise: beside this file when it
+    was installed alone (bootstrap's private per-VM directory), else ~/.gpuprov/worker (run
+    from the gpuprov package: `gpuprov join`, `python -m gpuprov.agent`, a source checkout)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if __package__ or os.path.exists(os.path.join(here, "__init__.py")):
+        return os.path.expanduser(PACKAGE_STATE_DIR)
+    return here
+
+
+def prepare_state_dir(state_dir: str) -> str:
+    """Create the state directory (0700) and prove it writable, before the join token is
+    spent: a credential that cannot be kept would strand the registration."""
+    try:
+        os.makedirs(state_dir, mode=0o700, exist_ok=True)
+        probe = os.path.join(state_dir, f".write-test-{os.getpid()}")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+        os.unlink(probe)
+        mode = os.stat(state_dir).st_mode & 0o777
+    except OSError as error:
+        raise AgentError(f"state dir {state_dir} is not usable: {error.strerror}") from None
+    if mode & 0o077:
+        log.warning(
+            "state dir %s is open to other users (mode %03o): chmod 700 it", state_dir, mode
         )
-        try:
-            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT) as response:
-                return json.loads(response.read())
-        except urllib.error.HTTPError as error:
-            message = "(no body)"
-            with contextlib.suppress(OSError):
-                message = _server_message(error.read()).replace(token, "<token>")
-            if error.code < 500:
-                refusal = f"registration refused ({error.code}): {message}"
-                raise AgentError(refusal, error.code) from None
-            problem = f"HTTP {error.code}: {message}"
-        except ValueError as error:  # a 200 whose body is not JSON
-            raise AgentError(f"unreadable response from {url}: {error}") from None
-        except OSError as error:  # URLError, refused, reset, timed out
-            problem = f"cannot reach {url}: {getattr(error, 'reason', error)}"
-        if attempt < tries:
-            delay = min(pause * 2 ** (attempt - 1), MAX_PAUSE)
-            log.warning("attempt %d/%d: %s; retrying in %.1fs", attempt, tries, problem, delay)
-            time.sleep(delay)
-    raise AgentError(f"registration failed after {tries} attempts: {problem}", transient=True)
+    return os.path.join(state_dir, CREDENTIAL_FILE)
+
+
+def save_credential(state_dir: str, credential: str) -> str:
+    """Write the credential to <state_dir>/worker-credential, mode 0600 from its first byte
+    (written aside, then renamed over any earlier one); returns the path."""
+    path = prepare_state_dir(state_dir)
+    part = f"{path}.{os.getpid()}.part"
+    try:
+        descriptor = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            handle.write(credential + "\n")
+        os.replace(part, path)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            os.unlink(part)
+        raise AgentError(f"cannot save the worker credential in {path}: {error.strerror}") from None
+    return path
+
+
+def read_credential(state_dir: str) -> str:
+    path = os.path.join(state_dir, CREDENTIAL_FILE)
+    try:
+        with open(path) as handle:
+            credential = handle.readline().strip()
+    except OSError as error:
+        raise AgentError(
+            f"no worker credential at {path} ({error.strerror}): register first"
+        ) from None
+    if not credential:
+        raise AgentError(f"the worker credential file {path} is empty: register again")
+    return credential
+
+
+def keep_credential(state_dir: str, response: dict) -> dict:
+    """Save the registration's credential; the response to show, without it."""
+    shown = {name: value for name, value in response.items() if name != "credential"}
+    credential = response.get("credential")
+    if isinstance(credential, str) and credential:
+        shown["credential_file"] = save_credential(state_dir, credential)
+    else:
+        log.warning("the API returned no worker credential (an older control plane?)")
+    return shown
 
 
 # ---------------------------------------------------------------- the join token
@@ -560,14 +713,28 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument("--token", help=argparse.SUPPRESS)  # refused: see main()
     reg.add_argument("--delete-token-file", action="store_true", help="remove it once read")
     reg.add_argument("--tries", type=int, default=10, help="attempts while the API is down")
+    whoami = commands.add_parser("whoami", help="ask the API about this worker (its credential)")
+    whoami.add_argument("--url", required=True, help="the API, e.g. https://10.0.0.1:8080")
+    whoami.add_argument("--tries", type=int, default=3, help="attempts while the API is down")
+    for command in (reg, whoami):
+        command.add_argument("--ca-file", help="pin the CA of the API's certificate (https)")
+        command.add_argument(
+            "--state-dir",
+            help="where the worker credential is kept (default: this file's directory)",
+        )
     return parser
 
 
 def main(argv: list | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="gpuprov-agent: %(message)s")
-    libcuda = "" if args.libcuda.lower() == "none" else args.libcuda
     try:
+        if args.command == "whoami":
+            credential = read_credential(args.state_dir or default_state_dir())
+            print(json.dumps(call_api(args.url, "/v1/workers/me", None, credential,
+                                      args.ca_file, args.tries), indent=2))  # fmt: skip
+            return 0
+        libcuda = "" if args.libcuda.lower() == "none" else args.libcuda
         if args.command == "register":
             if args.token is not None:  # already exposed in ps and shell history: do not use it
                 raise AgentError(
@@ -580,6 +747,8 @@ def main(argv: list | None = None) -> int:
             url = args.url or secret.api_url
             if not url:
                 raise AgentError(f"no API URL: pass --url (or {URL_ENV}= in the token file)")
+            state_dir = args.state_dir or default_state_dir()
+            prepare_state_dir(state_dir)
         runtime = check_gpu_runtime(args.smi_timeout, libcuda)
         log.info("GPU runtime: %s: %s", runtime.verdict, runtime.message or "GPUs usable")
         capabilities = capabilities_of(runtime, args.disk_path)
@@ -587,7 +756,10 @@ def main(argv: list | None = None) -> int:
             print(json.dumps(capabilities, indent=2))
             return 0
         identity = {"vm": secret.vm[:128]} if secret.vm else None  # logged by the API if wrong
-        response = register(url, secret.token, capabilities, identity, tries=args.tries)
+        response = register(
+            url, secret.token, capabilities, identity, tries=args.tries, ca_file=args.ca_file
+        )
+        response = keep_credential(state_dir, response)
     except AgentError as error:
         log.error("%s", error)
         return 1 if error.transient else 2

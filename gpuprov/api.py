@@ -1,7 +1,13 @@
 """The control-plane HTTP API: nodes register here with their single-use join token.
 
-    POST /v1/workers/register  {token, capabilities, identity?}
-    GET  /v1/health
+    POST /v1/workers/register  {token, capabilities, identity?}   the join token in the body
+    GET  /v1/workers                                              an operator API key
+    GET  /v1/workers/me                                           the worker's credential
+    GET  /v1/health                                               open
+
+Who may call what is declared per endpoint with gpuprov/auth.py's dependencies; the workers
+endpoints live in gpuprov/api_workers.py. A registration answers the worker's credential once
+(only its SHA-256 is stored): the node presents it on every later call.
 
 The token is checked by its SHA-256 (unknown, used and expired tokens are 401), used once, and
 bound to one VM row (a managed node) or one reservation label (an existing worker). Identity —
@@ -22,13 +28,16 @@ from datetime import UTC, datetime
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gpuprov import api_workers, auth, pem
+from gpuprov.auth import AuthFailures
+from gpuprov.credentials import Credentials, issue_worker_credential
 from gpuprov.models import WorkerCapabilities
 from gpuprov.records import Records, TokenRejected
 from providers.base import Model
@@ -63,6 +72,8 @@ class RegisterRequest(Model):
 
 class RegisterResponse(Model):
     worker_id: str
+    # Shown once: the worker's credential for every later call (Authorization: Bearer gpw_...).
+    credential: str
     origin: str  # managed / existing
     job: str | None
     vm: str | None
@@ -111,9 +122,16 @@ async def _too_large(send: Send) -> None:
     await send({"type": "http.response.body", "body": b"request body too large"})
 
 
-def create_app(records: Records) -> FastAPI:
-    app = FastAPI(title="gpuprov control plane", version="1")
+def create_app(records: Records, *, auth_failures: AuthFailures | None = None) -> FastAPI:
+    # No /docs, /redoc or /openapi.json: nothing but health is served to an unauthenticated
+    # caller. `create_app(...).openapi()` still builds the document.
+    app = FastAPI(
+        title="gpuprov control plane", version="1", docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.add_middleware(BodyLimit)
+    app.state.records = records
+    auth.install(app, Credentials(records.db) if records is not None else None, auth_failures)
+    api_workers.add_routes(app)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -140,10 +158,17 @@ def create_app(records: Records) -> FastAPI:
             401: {"description": "unknown, used or expired join token"},
             409: {"description": "the node's machine is being torn down"},
             413: {"description": "body over 64 KiB"},
+            429: auth.REFUSALS[429],
         },
+        dependencies=[Depends(auth.not_throttled)],
     )
-    async def register(body: RegisterRequest) -> RegisterResponse:
-        return await _register(records, body)
+    async def register(body: RegisterRequest, request: Request) -> RegisterResponse:
+        try:
+            return await _register(records, body)
+        except HTTPException as error:
+            if error.status_code == 401:  # a bad join token counts like a bad key
+                auth.auth_failed(request)
+            raise
 
     return app
 
@@ -180,9 +205,13 @@ def _claim(records: Records, body: RegisterRequest) -> RegisterResponse:
             state="reserved" if vm else "idle",
             **identity,
         )
+        credential = issue_worker_credential(session, worker.id)
         session.commit()
         return RegisterResponse(
-            worker_id=worker.id, origin="managed" if vm else "existing", **identity
+            worker_id=worker.id,
+            credential=credential,
+            origin="managed" if vm else "existing",
+            **identity,
         )
 
 
@@ -200,9 +229,27 @@ def _log_disagreeing_claims(claims: IdentityClaims | None, record: dict[str, Any
 
 
 @asynccontextmanager
-async def serving(app: FastAPI, host: str, port: int) -> AsyncIterator[uvicorn.Server]:
-    """Run the API with uvicorn inside the current event loop until the block exits."""
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning"))
+async def serving(
+    app: FastAPI,
+    host: str,
+    port: int,
+    *,
+    tls_cert_file: str | None = None,
+    tls_key_file: str | None = None,
+) -> AsyncIterator[uvicorn.Server]:
+    """Run the API with uvicorn inside the current event loop until the block exits; HTTPS
+    with a certificate and key (checked first: a wrong one is a ConfigError naming it)."""
+    if tls_cert_file is not None and tls_key_file is not None:
+        pem.check_files("api.tls_cert_file", tls_cert_file, "api.tls_key_file", tls_key_file)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        ssl_certfile=tls_cert_file,
+        ssl_keyfile=tls_key_file,
+    )
+    server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())
     while not server.started:
         if task.done():

@@ -13,6 +13,7 @@
     gpuprov orphans [--all]           machines the reconciler is (or was) cleaning up
     gpuprov token create --label L    a single-use join token for a box you own
     gpuprov join --url U              on that box: probe it, register it as an existing worker
+    gpuprov apikey create|list|revoke operator API keys for the control-plane API
     gpuprov codec-server              decrypts payloads for the Temporal UI ([codec] keys)
 Connection settings come from gpuprov.toml (--config or GPUPROV_CONFIG) and the environment
 (GPUPROV_TEMPORAL__ADDRESS, default localhost:7233); --address overrides both.
@@ -33,7 +34,7 @@ from typing import NoReturn
 
 from pydantic import ValidationError
 
-from gpuprov import agent, schedules
+from gpuprov import agent, apikeys, schedules
 from gpuprov import demo as demo_module
 from gpuprov import setup as cluster_setup
 from gpuprov.api import create_app, serving
@@ -128,6 +129,13 @@ def _parser() -> argparse.ArgumentParser:
     join.add_argument("--token", help=f"the join token (prefer ${agent.TOKEN_ENV}/--token-file)")
     join.add_argument("--label-claim", help="the label you expect (the token's label wins)")
     join.add_argument("--tries", type=int, default=5, help="attempts while the API is down")
+    join.add_argument("--ca-file", help="pin the CA of the API's certificate (https)")
+    join.add_argument(
+        "--state-dir",
+        default=agent.PACKAGE_STATE_DIR,
+        help=f"where this worker's credential is kept (default {agent.PACKAGE_STATE_DIR})",
+    )
+    apikeys.add_parser(commands)
     commands.add_parser(
         "codec-server",
         help="serve /encode and /decode so the Temporal UI shows encrypted payloads",
@@ -141,10 +149,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 async def _client(settings: Settings) -> GpuprovClient:
-    temporal = settings.temporal
-    return await GpuprovClient.connect(
-        temporal.address, temporal.namespace, temporal.task_queue, codec=settings.codec
-    )
+    return await GpuprovClient.connect(codec=settings.codec, settings=settings.temporal)
 
 
 async def _submit(settings: Settings, args: argparse.Namespace) -> int:
@@ -242,8 +247,11 @@ async def _api(settings: Settings, args: argparse.Namespace) -> int:
     records = open_records(settings.database_url)
     try:
         app = create_app(records)
-        async with serving(app, settings.api.host, settings.api.port):
-            print(f"control-plane API at http://{settings.api.host}:{settings.api.port}")
+        api = settings.api
+        tls = {"tls_cert_file": api.tls_cert_file, "tls_key_file": api.tls_key_file}
+        async with serving(app, api.host, api.port, **tls):
+            scheme = "https" if api.https else "http"
+            print(f"control-plane API at {scheme}://{api.host}:{api.port}")
             print(f"nodes are told to use {settings.api.url}. Ctrl-C stops.")
             await _until_signalled()
     finally:
@@ -320,11 +328,22 @@ async def _join(settings: Settings, args: argparse.Namespace) -> int:
     except ValidationError as error:
         raise agent.AgentError(f"probe result invalid: {format_validation_error(error)}") from None
     identity = {"label": args.label_claim} if args.label_claim else None
+    state_dir = os.path.expanduser(args.state_dir)
+    agent.prepare_state_dir(state_dir)  # before the token is spent
     response = await asyncio.to_thread(
-        agent.register, args.url, token, capabilities, identity, tries=args.tries
+        agent.register,
+        args.url,
+        token,
+        capabilities,
+        identity,
+        tries=args.tries,
+        ca_file=args.ca_file,
     )
+    shown = agent.keep_credential(state_dir, response)
     origin, label = response.get("origin"), response.get("label")
     print(f"joined: worker {response['worker_id']} ({origin}, label {label}), idle")
+    if "credential_file" in shown:
+        print(f"worker credential kept in {shown['credential_file']} (mode 0600)")
     print(capabilities_text(checked))
     return 0
 
@@ -345,6 +364,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], Awaitable[int]]] = 
     "token": _token,
     "join": _join,
     "codec-server": _codec_server,
+    "apikey": apikeys.command,
 }
 
 

@@ -1,6 +1,6 @@
 """The Python SDK other services use: typed pydantic models in and out, over a Temporal client.
 
-client = await GpuprovClient.connect("localhost:7233")
+client = await GpuprovClient.connect("localhost:7233")  # or settings=load_settings().temporal
 handle = await client.submit(JobSpec(name="train-7b", nodes=2, resources=...))
 status = await handle.wait_ready(timeout=1800)
 await handle.release()
@@ -33,8 +33,8 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from activities.health import HealthInput
 from gpuprov import search_attributes
-from gpuprov.codec import data_converter
-from gpuprov.config import CodecSettings
+from gpuprov.config import CodecSettings, ConfigError, TemporalSettings
+from gpuprov.connection import connect_temporal
 from gpuprov.models import HealthReport, JobSpec, JobState, JobStatus, workflow_id_for
 from providers.base import Model, ResourceRequest
 from workflows.health import CheckHealth, HealthRequest
@@ -179,20 +179,32 @@ class GpuprovClient:
     @classmethod
     async def connect(
         cls,
-        address: str = "localhost:7233",
-        namespace: str = "default",
-        task_queue: str = DEFAULT_TASK_QUEUE,
+        address: str | None = None,
+        namespace: str | None = None,
+        task_queue: str | None = None,
         codec: CodecSettings | None = None,
+        *,
+        settings: TemporalSettings | None = None,
     ) -> GpuprovClient:
-        """Connect to Temporal. With payload encryption on (`[codec]` in gpuprov.toml), pass
-        the same `codec` settings as the workers, e.g. `load_settings().codec`."""
+        """Connect to Temporal.
+
+        `settings` (`load_settings().temporal`) carries TLS and the API key of a production
+        cluster (docs/operations.md); `address`, `namespace` and `task_queue` override its
+        values. With payload encryption on (`[codec]` in gpuprov.toml), pass the same `codec`
+        settings as the workers, e.g. `load_settings().codec`. A setting that cannot work (a
+        certificate, key, CA or API key) raises GpuprovError naming it; so does an address
+        where nothing answers."""
+        overrides = {"address": address, "namespace": namespace, "task_queue": task_queue}
+        temporal = (settings or TemporalSettings()).model_copy(
+            update={name: value for name, value in overrides.items() if value is not None}
+        )
         try:
-            client = await Client.connect(
-                address, namespace=namespace, data_converter=data_converter(codec)
-            )
+            client = await connect_temporal(temporal, codec=codec)
+        except ConfigError as error:
+            raise GpuprovError(str(error)) from None
         except RuntimeError as error:
-            raise GpuprovError(f"cannot reach Temporal at {address}: {error}") from None
-        return cls(client, task_queue)
+            raise GpuprovError(f"cannot reach Temporal at {temporal.address}: {error}") from None
+        return cls(client, temporal.task_queue)
 
     async def submit(self, spec: JobSpec) -> JobHandle:
         attributes = [SearchAttributePair(search_attributes.STATE, JobState.QUEUED.value)]

@@ -44,10 +44,49 @@ class ConfigError(ValueError):
     """A configuration that cannot be used; the message names the setting."""
 
 
+class TemporalTlsSettings(Model):
+    """TLS to the Temporal frontend (`[temporal.tls]`; gpuprov/connection.py reads it).
+
+    Each PEM comes from a file (`*_file`) or inline (the PEM text itself, e.g. from
+    GPUPROV_TEMPORAL__TLS__CLIENT_KEY in a container's secret environment), never both.
+    `enabled` None: TLS is on as soon as any of these, or `[temporal] api_key`, is set.
+    """
+
+    enabled: bool | None = None
+    client_cert_file: str | None = None  # mTLS: this process's certificate (chain)
+    client_cert: str | None = None
+    client_key_file: str | None = None  # ... and its private key (unencrypted PEM)
+    client_key: SecretStr | None = None
+    server_ca_file: str | None = None  # the CA the server's certificate must chain to;
+    server_ca: str | None = None  # none: the system's CAs (Temporal Cloud)
+    server_name: str | None = None  # SNI and the name checked on the server's certificate
+
+    @model_validator(mode="after")
+    def _one_source_each(self) -> TemporalTlsSettings:
+        for name in ("client_cert", "client_key", "server_ca"):
+            if getattr(self, name) is not None and getattr(self, f"{name}_file") is not None:
+                raise ValueError(f"give {name} or {name}_file, not both")
+        has_cert = self.client_cert is not None or self.client_cert_file is not None
+        has_key = self.client_key is not None or self.client_key_file is not None
+        if has_cert != has_key:
+            raise ValueError("client_cert(_file) and client_key(_file) go together (mTLS)")
+        return self
+
+    @property
+    def configured(self) -> bool:
+        """Any certificate, key, CA or server name is set."""
+        return any(value is not None for name, value in self if name != "enabled")
+
+
 class TemporalSettings(Model):
     address: str = "localhost:7233"
     namespace: str = "default"
     task_queue: str = "gpuprov"
+    tls: TemporalTlsSettings = Field(default_factory=TemporalTlsSettings)
+    # Temporal Cloud's API-key authentication (sent as a bearer token; TLS turns on with it):
+    # inline (GPUPROV_TEMPORAL__API_KEY) or a file holding only the key.
+    api_key: SecretStr | None = None
+    api_key_file: str | None = None
     ui_port: int = 8233  # the dev server's Web UI (gpuprov dev / demo)
     data_dir: str = ".data"  # the dev server's SQLite file lives here
     # Worker slots. A waiting job holds an activity slot for its whole boot (wait_running), so
@@ -61,6 +100,12 @@ class TemporalSettings(Model):
     # checks every module under workflows/ for clocks, randomness and I/O.
     workflow_sandbox: bool = False
 
+    @model_validator(mode="after")
+    def _one_api_key_source(self) -> TemporalSettings:
+        if self.api_key is not None and self.api_key_file is not None:
+            raise ValueError("give api_key or api_key_file, not both")
+        return self
+
 
 class DatabaseSettings(Model):
     # SQLite by default (a file in the data dir); PostgreSQL in production, e.g.
@@ -71,12 +116,27 @@ class DatabaseSettings(Model):
 class ApiSettings(Model):
     host: str = "127.0.0.1"
     port: int = 8080
-    # The URL booted nodes use to reach the API; defaults to http://host:port.
+    # The URL booted nodes use to reach the API; defaults to http(s)://host:port.
     public_url: str | None = None
+    # HTTPS: the API's certificate (chain) and private key, PEM files. Without them it serves
+    # plain HTTP (behind a TLS-terminating proxy, or on a private network).
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _cert_and_key_together(self) -> ApiSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file go together (HTTPS)")
+        return self
+
+    @property
+    def https(self) -> bool:
+        return self.tls_cert_file is not None
 
     @property
     def url(self) -> str:
-        return self.public_url or f"http://{self.host}:{self.port}"
+        scheme = "https" if self.https else "http"
+        return self.public_url or f"{scheme}://{self.host}:{self.port}"
 
 
 class JobsSettings(Model):

@@ -6,7 +6,8 @@ never by `metadata.create_all`, so a production schema always has a known revisi
 
 Every timestamp is a timezone-aware UTC datetime in Python. PostgreSQL stores `timestamptz`;
 SQLite has no time zones, so `UtcDateTime` stores naive UTC there and re-attaches UTC on read.
-`gpuprov.records.Records` is the only code that reads and writes these tables.
+`gpuprov.records.Records` is the only code that reads and writes these tables, but for the
+credential tables (operator_keys, worker_credentials), which are gpuprov.credentials'.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def _text(*, nullable: bool = False) -> Any:
 
 
 class Table(SQLModel, registry=registry(metadata=sa.MetaData(naming_convention=_NAMING))):
-    """Base of gpuprov's tables: its own registry, so `metadata` holds exactly our six tables."""
+    """Base of gpuprov's tables: its own registry, so `metadata` holds exactly our tables."""
 
 
 metadata = Table.metadata
@@ -184,6 +185,37 @@ class WorkerRecord(Table, table=True):
     job: str | None = None
     registered_at: datetime = _time()
     updated_at: datetime = _time()
+
+
+class WorkerCredential(Table, table=True):
+    """A registered worker's credential (gpuprov/credentials.py): only the SHA-256 of the
+    secret is stored, bound to one worker; revoked with the worker or its machine."""
+
+    __tablename__ = "worker_credentials"
+    __table_args__ = (
+        sa.ForeignKeyConstraint(
+            ["worker_id"], ["workers.id"], name="fk_worker_credentials_worker_id_workers"
+        ),
+        sa.Index("ix_worker_credentials_worker_id", "worker_id"),
+    )
+
+    id: str = Field(default_factory=new_id, primary_key=True)
+    worker_id: str
+    secret_sha256: str
+    created_at: datetime = _time()
+    revoked_at: datetime | None = _time(nullable=True)
+
+
+class OperatorKey(Table, table=True):
+    """An operator API key (`gpuprov apikey create`): only the SHA-256 of the secret is stored."""
+
+    __tablename__ = "operator_keys"
+
+    id: str = Field(default_factory=new_id, primary_key=True)
+    name: str
+    secret_sha256: str
+    created_at: datetime = _time()
+    revoked_at: datetime | None = _time(nullable=True)
 
 
 class OrphanRecord(Table, table=True):

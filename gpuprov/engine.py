@@ -25,7 +25,6 @@ from activities.registrations import RegistrationActivities
 from activities.ssh_keys import KeyStore
 from activities.store import StoreActivities
 from gpuprov import metrics
-from gpuprov.codec import data_converter
 from gpuprov.config import (
     CodecSettings,
     ConfigError,
@@ -34,6 +33,7 @@ from gpuprov.config import (
     Settings,
     TemporalSettings,
 )
+from gpuprov.connection import connect_temporal
 from gpuprov.db import Database
 from gpuprov.records import Records
 from providers import build_all
@@ -51,17 +51,13 @@ async def connect(
     runtime: TemporalRuntime | None = None,
     codec: CodecSettings | None = None,
 ) -> Client:
-    """A client for the cluster; a worker built on it reports metrics through `runtime`.
+    """A client for the cluster (gpuprov/connection.py: TLS, API key, checked settings); a
+    worker built on it reports metrics through `runtime`.
 
     Pass `settings.codec`: with keys configured, payloads are encrypted (gpuprov/codec.py), and
     every worker and client of the namespace must use the same keys.
     """
-    return await Client.connect(
-        settings.address,
-        namespace=settings.namespace,
-        data_converter=data_converter(codec),
-        runtime=runtime,
-    )
+    return await connect_temporal(settings, codec=codec, runtime=runtime)
 
 
 def metrics_runtime(settings: MetricsSettings) -> TemporalRuntime | None:

@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from gpuprov.credentials import delete_worker_credentials, revoke_worker_credentials
 from gpuprov.db import (
     BLOCK_SCOPES,
     COST_KINDS,
@@ -152,7 +153,8 @@ class Records:
 
     def vm_terminated(self, vm: str) -> None:
         """One transaction: the row says terminated (stamped once) and the worker that ran on
-        the machine is revoked. A VM without a row (its create never ran) is left alone."""
+        the machine is revoked, with its credential. A VM without a row (its create never ran)
+        is left alone."""
         now = utcnow()
         with self.db.session() as session:
             job = session.exec(select(VmRecord.job).where(VmRecord.vm == vm)).first()
@@ -168,6 +170,7 @@ class Records:
                 )
                 .values(state="revoked", updated_at=now)
             )
+            revoke_worker_credentials(session, now, col(WorkerRecord.vm) == vm)
             session.commit()
 
     def _update_vm(self, vm: str, values: dict[str, Any]) -> None:
@@ -421,13 +424,14 @@ class Records:
 
     def undo_registration(self, token_sha256: str, worker_id: str) -> None:
         """Take back a committed registration the job refused: the token is unused again and
-        the worker row is gone, as if the request had never arrived."""
+        the worker row (and its credential) is gone, as if the request had never arrived."""
         with self.db.session() as session:
             session.exec(
                 _update(JoinToken)
                 .where(col(JoinToken.token_sha256) == token_sha256)
                 .values(used_at=None)
             )
+            delete_worker_credentials(session, worker_id)
             session.exec(sa.delete(WorkerRecord).where(col(WorkerRecord.id) == worker_id))
             session.commit()
 
@@ -462,6 +466,7 @@ class Records:
         return None
 
     def set_worker_state(self, worker_id: str, state: str, job: str | None) -> None:
+        """Set the worker's state; "revoked" revokes its credential in the same transaction."""
         _check(state, WORKER_STATES, "worker state")
         with self.db.session() as session:
             result = session.exec(
@@ -471,6 +476,8 @@ class Records:
             )
             if result.rowcount == 0:
                 raise KeyError(f"no worker {worker_id!r}")
+            if state == "revoked":
+                revoke_worker_credentials(session, utcnow(), col(WorkerRecord.id) == worker_id)
             session.commit()
 
     def get_worker(self, worker_id: str) -> WorkerRecord | None:
@@ -494,6 +501,18 @@ class Records:
             )
             return {row.vm: row for row in session.exec(query).all() if row.vm is not None}
 
+    def workers(self, *, state: str | None = None, job: str | None = None) -> list[WorkerRecord]:
+        """Every worker (of `state`, of `job`), oldest registration first."""
+        with self.db.session() as session:
+            query = select(WorkerRecord).order_by(
+                col(WorkerRecord.registered_at), col(WorkerRecord.id)
+            )
+            if state is not None:
+                query = query.where(WorkerRecord.state == _check(state, WORKER_STATES, "state"))
+            if job is not None:
+                query = query.where(WorkerRecord.job == job)
+            return list(session.exec(query).all())
+
     def workers_for_job(self, job: str) -> list[WorkerRecord]:
         with self.db.session() as session:
             query = (
@@ -505,7 +524,8 @@ class Records:
 
     def release_job_workers(self, job: str) -> list[WorkerRecord]:
         """The job's existing workers go back to idle; its managed workers are revoked (they
-        keep the job for the record). Returns the rows that changed; a repeat returns []."""
+        keep the job for the record), and so are their credentials. Returns the rows that
+        changed; a repeat returns []."""
         now = utcnow()
         of_job = (col(WorkerRecord.job) == job, col(WorkerRecord.state) != "revoked")
         with self.db.session() as session:
@@ -522,6 +542,8 @@ class Records:
                     .execution_options(synchronize_session=False, populate_existing=True)
                 )
                 changed.extend(session.exec(update).scalars().all())
+            revoked = (col(WorkerRecord.job) == job, col(WorkerRecord.state) == "revoked")
+            revoke_worker_credentials(session, now, *revoked)
             session.commit()
         return sorted(changed, key=lambda worker: (worker.registered_at, worker.id))
 

@@ -25,6 +25,7 @@ import pytest
 from gpuprov import agent
 from gpuprov.agent import AgentError, parse_gpus, probe, register
 from gpuprov.api import create_app, serving
+from gpuprov.credentials import Credentials
 from gpuprov.dev import free_port
 from gpuprov.models import GpuInfo, WorkerCapabilities
 from gpuprov.records import Records
@@ -789,6 +790,7 @@ def test_agent_command_registers_with_the_token_off_the_command_line(
     fake_api.responses = [*retry, (200, ACCEPTED)]
     env = agent_env()
     argv = [sys.executable, str(AGENT_FILE), "register", "--libcuda", "none"]
+    argv += ["--state-dir", str(tmp_path / "state")]
     stdin, pass_fds = "", ()
     if source == "env":
         env[agent.TOKEN_ENV] = TOKEN
@@ -932,13 +934,19 @@ async def test_registration_round_trip_through_the_real_api(live_api, fake_smi, 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # not about the database
 async def test_agent_process_never_shows_the_token(live_api, fake_smi, tmp_path):
-    """The agent as bootstrap starts it: the file alone, the token on stdin. While its request
-    is held at the API, neither its command line nor its environment holds the token."""
+    """The agent as bootstrap starts it: the file alone in a private directory, the token on
+    stdin. While its request is held at the API, neither its command line nor its environment
+    holds the token; the credential it gets back lands beside it, readable only by its user,
+    and nowhere else."""
     dump = tmp_path / "smi-saw"
     fake_smi(smi_script("query-h100-80gb-hbm3-x8.txt", dump=dump))
     token = vm_token(live_api.records)
+    node_dir = tmp_path / "node"
+    node_dir.mkdir(mode=0o700)
+    installed = node_dir / "agent.py"
+    shutil.copy(AGENT_FILE, installed)
     process = await asyncio.create_subprocess_exec(
-        sys.executable, str(AGENT_FILE), "register", "--url", live_api.url, "--libcuda", "none",
+        sys.executable, str(installed), "register", "--url", live_api.url, "--libcuda", "none",
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
@@ -958,6 +966,16 @@ async def test_agent_process_never_shows_the_token(live_api, fake_smi, tmp_path)
         live_api.gate.release.set()
         out, err = await asyncio.wait_for(process.communicate(), 30)
     assert process.returncode == 0, err.decode()
-    assert json.loads(out)["vm"] == "job1-a1-n0"
+    shown = json.loads(out)
+    assert shown["vm"] == "job1-a1-n0" and "credential" not in shown
     assert token not in out.decode() + err.decode()
     assert "argv:" in secrets_in(dump) and token not in secrets_in(dump)
+
+    kept = node_dir / agent.CREDENTIAL_FILE
+    assert shown["credential_file"] == str(kept)
+    assert kept.stat().st_mode & 0o777 == 0o600
+    credential = kept.read_text().strip()
+    assert credential not in out.decode() + err.decode() + secrets_in(dump)
+    worker = Credentials(live_api.records.db).worker(credential)
+    assert worker is not None and worker.id == shown["worker_id"]
+    assert sorted(path.name for path in node_dir.iterdir()) == ["agent.py", agent.CREDENTIAL_FILE]

@@ -18,7 +18,8 @@ import sqlalchemy as sa
 from fastapi import FastAPI
 
 from gpuprov.api import MAX_BODY_BYTES, create_app
-from gpuprov.db import JoinToken, utcnow
+from gpuprov.credentials import sha256
+from gpuprov.db import JoinToken, WorkerCredential, utcnow
 from gpuprov.models import WorkerCapabilities
 from gpuprov.records import Records
 
@@ -80,6 +81,16 @@ def body(token: str, **extra: Any) -> dict[str, Any]:
     return {"token": token, "capabilities": CAPABILITIES, **extra}
 
 
+def assert_credential_of(records: Records, worker_id: str, credential: str) -> None:
+    """The registration's credential: bound to the worker, stored only as its SHA-256."""
+    assert credential.startswith("gpw_") and len(credential) >= 4 + 32 + 1 + 43
+    with records.db.session() as session:
+        [row] = session.execute(sa.select(WorkerCredential)).scalars().all()
+    assert (row.worker_id, row.secret_sha256) == (worker_id, sha256(credential))
+    assert row.revoked_at is None
+    assert credential not in repr(snapshot(records))
+
+
 def worker_rows(records: Records) -> list[dict[str, Any]]:
     with records.db.session() as session:
         return [dict(row._mapping) for row in session.execute(sa.text("SELECT * FROM workers"))]
@@ -119,6 +130,7 @@ async def test_managed_node_registers_with_its_vm_token(api: httpx.AsyncClient, 
     assert response.status_code == 200, response.text
     answer = response.json()
     worker_id = answer.pop("worker_id")
+    assert_credential_of(records, worker_id, answer.pop("credential"))
     assert answer == {
         "origin": "managed",
         "job": JOB,
@@ -164,6 +176,7 @@ async def test_existing_worker_registers_with_a_label_token(
     assert response.status_code == 200, response.text
     answer = response.json()
     worker_id = answer.pop("worker_id")
+    assert_credential_of(records, worker_id, answer.pop("credential"))
     assert answer == {
         "origin": "existing",
         "job": None,
@@ -178,14 +191,14 @@ async def test_existing_worker_registers_with_a_label_token(
     assert (worker["job"], worker["vm"]) == (None, None)
 
 
-async def test_health_and_openapi(api: httpx.AsyncClient):
+async def test_health_and_openapi(app: FastAPI, api: httpx.AsyncClient):
     health = await api.get("/v1/health")
     assert health.status_code == 200
     assert health.json() == {"status": "ok"}
 
-    schema = await api.get("/openapi.json")
-    assert schema.status_code == 200
-    assert "post" in schema.json()["paths"][REGISTER]
+    # Built on demand, not served: nothing but health answers an unauthenticated caller.
+    assert (await api.get("/openapi.json")).status_code == 404
+    assert "post" in app.openapi()["paths"][REGISTER]
 
 
 # ---------------------------------------------------------------------------- tokens

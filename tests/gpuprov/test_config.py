@@ -296,3 +296,58 @@ def test_enabled_ids_from_a_file(tmp_path: Path) -> None:
     disabled = load_settings(write(tmp_path, "[providers.fake]\nenabled = false\n"), env={})
     assert enabled.providers.enabled_ids() == ["fake"]
     assert disabled.providers.enabled_ids() == []
+
+
+# ---------------------------------------------------------------- secure connections
+
+
+def test_temporal_tls_and_api_key_come_from_the_file_and_the_environment(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        '[temporal]\naddress = "ns.acct.tmprl.cloud:7233"\n'
+        '[temporal.tls]\nclient_cert_file = "/etc/gpuprov/client.pem"\n'
+        'client_key_file = "/etc/gpuprov/client.key"\nserver_name = "ns.acct.tmprl.cloud"\n',
+    )
+    env = {"GPUPROV_TEMPORAL__TLS__SERVER_CA_FILE": "/etc/gpuprov/ca.pem"}
+    tls = load_settings(path, env=env).temporal.tls
+    assert tls.client_cert_file == "/etc/gpuprov/client.pem"
+    assert tls.server_ca_file == "/etc/gpuprov/ca.pem" and tls.configured
+
+    key = "abc.DEF-123_456"
+    temporal = load_settings(env={"GPUPROV_TEMPORAL__API_KEY": key}).temporal
+    assert temporal.api_key is not None and temporal.api_key.get_secret_value() == key
+    assert key not in repr(temporal) and key not in str(temporal)  # a SecretStr
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (
+            {"GPUPROV_TEMPORAL__API_KEY": "k", "GPUPROV_TEMPORAL__API_KEY_FILE": "/k"},
+            "temporal: Value error, give api_key or api_key_file, not both",
+        ),
+        (
+            {"GPUPROV_TEMPORAL__TLS__CLIENT_CERT_FILE": "/c.pem"},
+            "temporal.tls: Value error, client_cert(_file) and client_key(_file) go together",
+        ),
+        (
+            {
+                "GPUPROV_TEMPORAL__TLS__SERVER_CA": "-----BEGIN",
+                "GPUPROV_TEMPORAL__TLS__SERVER_CA_FILE": "/ca.pem",
+            },
+            "temporal.tls: Value error, give server_ca or server_ca_file, not both",
+        ),
+        (
+            {"GPUPROV_API__TLS_CERT_FILE": "/api.pem"},
+            "api: Value error, tls_cert_file and tls_key_file go together (HTTPS)",
+        ),
+    ],
+)
+def test_half_a_secure_connection_is_rejected_naming_it(env: dict[str, str], expected: str) -> None:
+    assert config_error(env=env).startswith(f"invalid config: {expected}")
+
+
+def test_the_api_url_is_https_once_it_has_a_certificate() -> None:
+    env = {"GPUPROV_API__TLS_CERT_FILE": "/a.pem", "GPUPROV_API__TLS_KEY_FILE": "/a.key"}
+    assert load_settings(env=env).api.url == "https://127.0.0.1:8080"
+    assert load_settings(env={}).api.url == "http://127.0.0.1:8080"

@@ -22,6 +22,7 @@ from sqlmodel import select
 from temporalio.testing import WorkflowEnvironment
 
 from gpuprov.api import create_app, serving
+from gpuprov.credentials import Credentials
 from gpuprov.db import JoinToken, WorkerRecord
 from gpuprov.dev import free_port
 from gpuprov.engine import open_records
@@ -59,6 +60,7 @@ async def control_plane(tmp_path) -> AsyncIterator[ControlPlane]:
         GPUPROV_DATABASE__URL=database_url,
         GPUPROV_API__PORT=str(port),
         PATH=f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        HOME=str(tmp_path / "home"),  # `join` keeps the worker credential under ~/.gpuprov
     )
     try:
         async with serving(create_app(records), "127.0.0.1", port):
@@ -132,6 +134,16 @@ async def test_token_create_then_join_registers_an_idle_existing_worker(control_
     assert stored.token_sha256 == hashlib.sha256(token.encode()).hexdigest()
     assert (stored.label, stored.vm) == ("gpu-box-1", None) and stored.used_at is not None
     assert rows_containing(plane.records, token) == []
+
+    # The worker's credential: kept in a file only its user reads, never printed.
+    kept = Path(plane.env["HOME"]) / ".gpuprov" / "worker" / "worker-credential"
+    assert f"worker credential kept in {kept} (mode 0600)" in out
+    assert kept.stat().st_mode & 0o777 == 0o600
+    assert kept.parent.stat().st_mode & 0o777 == 0o700
+    credential = kept.read_text().strip()
+    assert credential not in out + err and rows_containing(plane.records, credential) == []
+    authenticated = Credentials(plane.records.db).worker(credential)
+    assert authenticated is not None and authenticated.id == worker.id
 
 
 async def test_joining_again_with_the_same_token_is_refused_and_changes_nothing(

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,13 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from gpuprov.db import Database, alembic_config, metadata
+from gpuprov.db import Database, alembic_config, metadata, utcnow
 from gpuprov.records import Records
 
 REPO = Path(__file__).resolve().parents[2]
-TABLES = {"vms", "join_tokens", "cost_records", "blocks", "workers", "orphans"}
+INITIAL_TABLES = {"vms", "join_tokens", "cost_records", "blocks", "workers", "orphans"}
+CREDENTIAL_TABLES = {"worker_credentials", "operator_keys"}
+TABLES = INITIAL_TABLES | CREDENTIAL_TABLES
 
 
 def schema(db: Database) -> dict[str, Any]:
@@ -59,14 +62,14 @@ def empty(database_url: str):
     db.dispose()
 
 
-def test_upgrade_creates_exactly_the_six_tables(empty: Database):
+def test_upgrade_creates_exactly_the_tables(empty: Database):
     assert sa.inspect(empty.engine).get_table_names() == []
 
     empty.upgrade()
 
     assert set(sa.inspect(empty.engine).get_table_names()) == TABLES | {"alembic_version"}
     assert {table.name for table in metadata.sorted_tables} == TABLES
-    assert empty.current_revision() == head() == "0002_workers_vm_index"
+    assert empty.current_revision() == head() == "0003_workers_vm_index"
     described = schema(empty)
     assert ("uq_vms_vm", ("vm",)) in described["vms"]["unique"]
     assert ("uq_blocks_scope_key", ("scope", "key")) in described["blocks"]["unique"]
@@ -75,6 +78,56 @@ def test_upgrade_creates_exactly_the_six_tables(empty: Database):
     assert ("ix_workers_vm", ("vm",), False) in described["workers"]["indexes"]
     assert ("uq_orphans_open_vm", ("vm",), True) in described["orphans"]["indexes"]
     assert described["join_tokens"]["foreign_keys"] == [("fk_join_tokens_vm_vms", ("vm",), "vms")]
+    assert described["worker_credentials"]["foreign_keys"] == [
+        ("fk_worker_credentials_worker_id_workers", ("worker_id",), "workers")
+    ]
+
+
+def test_the_credentials_migration_upgrades_a_database_in_use_and_goes_back(empty: Database):
+    """A deployment at 0001 with workers registered: 0002 adds the credential tables and keeps
+    every row; going back to 0001 removes exactly those tables."""
+    empty.upgrade("0001_initial")
+    records = Records(empty)
+    token = records.mint_token(label="box-1", ttl=timedelta(hours=1))
+    with empty.session() as session:
+        records.redeem_token(session, token, utcnow())
+        records.register_worker(
+            session,
+            origin="existing",
+            provider=None,
+            region=None,
+            label="box-1",
+            vm=None,
+            job=None,
+            capabilities={},
+            state="idle",
+        )
+        session.commit()
+    before = schema(empty)
+
+    empty.upgrade("0002_credentials")
+
+    assert set(sa.inspect(empty.engine).get_table_names()) == TABLES | {"alembic_version"}
+    assert {table: schema(empty)[table] for table in before} == before
+    with empty.engine.connect() as connection:
+        labels = connection.exec_driver_sql("SELECT label FROM workers").scalars().all()
+    assert labels == ["box-1"]
+
+    empty.downgrade("0001_initial")
+    assert schema(empty) == before
+    assert empty.current_revision() == "0001_initial"
+
+
+def test_the_workers_vm_index_comes_and_goes_with_its_migration(empty: Database):
+    empty.upgrade("0002_credentials")
+    indexes = {index["name"] for index in sa.inspect(empty.engine).get_indexes("workers")}
+    assert "ix_workers_vm" not in indexes
+    empty.upgrade()
+    indexes = {index["name"] for index in sa.inspect(empty.engine).get_indexes("workers")}
+    assert "ix_workers_vm" in indexes
+    empty.downgrade("0002_credentials")
+    indexes = {index["name"] for index in sa.inspect(empty.engine).get_indexes("workers")}
+    assert "ix_workers_vm" not in indexes
 
 
 def test_upgrading_twice_is_a_no_op(empty: Database):

@@ -1,7 +1,7 @@
 """workers.vm indexed: a job waiting for its nodes reads their workers by VM identity.
 
-Revision ID: 0002_workers_vm_index
-Revises: 0001_initial
+Revision ID: 0003_workers_vm_index
+Revises: 0002_credentials
 Create Date: 2026-12-01
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0002_workers_vm_index"
-down_revision = "0001_initial"
+revision = "0003_workers_vm_index"
+down_revision = "0002_credentials"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,288 @@
+"""Who may call the control-plane API (gpuprov/auth.py), over HTTP in-process (httpx's ASGI
+transport) on SQLite and PostgreSQL: every endpoint declares its caller; operator endpoints want
+a live operator API key, worker endpoints a live worker credential; a refused call is 401 and
+changes nothing in the database; an address that keeps getting secrets wrong is throttled."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+
+from gpuprov import auth
+from gpuprov.api import create_app
+from gpuprov.auth import AuthFailures
+from gpuprov.credentials import Credentials
+from gpuprov.records import Records
+from tests.gpuprov.test_api import (
+    LABEL,
+    REGISTER,
+    TTL,
+    VM,
+    body,
+    snapshot,
+    vm_token,
+)
+
+CALLER = ("203.0.113.7", 40000)
+OTHER_CALLER = ("198.51.100.9", 40000)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def failures(clock: Clock) -> AuthFailures:
+    return AuthFailures(limit=5, window=60.0, clock=clock)
+
+
+@pytest.fixture
+def app(records: Records, failures: AuthFailures) -> FastAPI:
+    return create_app(records, auth_failures=failures)
+
+
+def client_for(app: FastAPI, caller: tuple[str, int] = CALLER) -> httpx.AsyncClient:
+    transport = httpx.ASGITransport(app=app, client=caller)
+    return httpx.AsyncClient(transport=transport, base_url="http://api")
+
+
+@pytest.fixture
+async def api(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
+    async with client_for(app) as client:
+        yield client
+
+
+@pytest.fixture
+def credentials(records: Records) -> Credentials:
+    return Credentials(records.db)
+
+
+def bearer(secret: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {secret}"}
+
+
+def _calls(route: APIRoute, dependency: Any) -> bool:
+    """Whether `dependency` is among the route's dependencies, however deep."""
+    pending = list(route.dependant.dependencies)
+    while pending:
+        current = pending.pop()
+        if current.call is dependency:
+            return True
+        pending.extend(current.dependencies)
+    return False
+
+
+def routes(app: FastAPI, dependency: Any) -> list[tuple[str, str]]:
+    return sorted(
+        (method, route.path)
+        for route in app.routes
+        if isinstance(route, APIRoute) and _calls(route, dependency)
+        for method in route.methods
+    )
+
+
+async def register_worker(api: httpx.AsyncClient, records: Records, *, managed: bool) -> dict:
+    """Register through the API (a managed node's VM token, or a label's); its answer."""
+    token = vm_token(records) if managed else records.mint_token(label=LABEL, ttl=TTL)
+    response = await api.post(REGISTER, json=body(token))
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+# ---------------------------------------------------------------- every endpoint says who
+
+
+async def test_every_endpoint_declares_who_may_call_it(app: FastAPI, api: httpx.AsyncClient):
+    operator = routes(app, auth.require_operator)
+    worker = routes(app, auth.require_worker)
+    throttled = routes(app, auth.not_throttled)
+    every = sorted(
+        (method, route.path)
+        for route in app.routes
+        if isinstance(route, APIRoute)
+        for method in route.methods
+    )
+    assert operator == [("GET", "/v1/workers")]
+    assert worker == [("GET", "/v1/workers/me")]
+    # Everything but health checks a secret (the join token checks its own, throttled).
+    assert sorted(set(every) - set(throttled)) == [("GET", "/v1/health")]
+    assert set(throttled) == set(operator) | set(worker) | {("POST", REGISTER)}
+    for path in ("/openapi.json", "/docs", "/redoc"):  # no unauthenticated document either
+        assert (await api.get(path)).status_code == 404
+
+
+# ---------------------------------------------------------------- operators
+
+
+def _bad_operator_headers(
+    credentials: Credentials, worker_credential: str
+) -> dict[str, dict[str, str]]:
+    revoked_row, revoked = credentials.create_operator_key("retired")
+    credentials.revoke_operator_keys(revoked_row.id)
+    live_row, live = credentials.create_operator_key("live")
+    other_row, _ = credentials.create_operator_key("other")
+    return {
+        "none": {},
+        "not-bearer": {"Authorization": f"Basic {live}"},
+        "empty-bearer": {"Authorization": "Bearer "},
+        "malformed": bearer("letmein"),
+        "wrong-secret": bearer(live[:-1] + ("A" if live[-1] != "A" else "B")),
+        "another-keys-id": bearer(live.replace(live_row.id, other_row.id)),
+        "revoked": bearer(revoked),
+        "worker-credential": bearer(worker_credential),
+    }
+
+
+async def test_operator_endpoints_refuse_every_call_without_a_live_key_and_change_nothing(
+    app: FastAPI, api: httpx.AsyncClient, records: Records, credentials: Credentials
+):
+    registered = await register_worker(api, records, managed=False)
+    cases = _bad_operator_headers(credentials, registered["credential"])
+    before = snapshot(records)
+    for method, path in routes(app, auth.require_operator):
+        for case, headers in cases.items():
+            # Each call from its own address: this test is about refusals, not throttling.
+            async with client_for(app, (f"192.0.2.{len(case)}", 1)) as caller:
+                response = await caller.request(method, path, headers=headers)
+            assert response.status_code == 401, (path, case, response.text)
+            assert response.headers["www-authenticate"] == "Bearer", case
+            assert "detail" in response.json()
+            assert registered["credential"] not in response.text
+    assert snapshot(records) == before
+
+
+async def test_an_operator_lists_workers_with_their_capabilities(
+    api: httpx.AsyncClient, records: Records, credentials: Credentials
+):
+    managed = await register_worker(api, records, managed=True)
+    existing = await register_worker(api, records, managed=False)
+    _, key = credentials.create_operator_key("ops")
+
+    response = await api.get("/v1/workers", headers=bearer(key))
+
+    assert response.status_code == 200, response.text
+    rows = {row["id"]: row for row in response.json()["workers"]}
+    assert set(rows) == {managed["worker_id"], existing["worker_id"]}
+    node = rows[managed["worker_id"]]
+    assert (node["origin"], node["state"], node["job"], node["vm"]) == (
+        "managed",
+        "reserved",
+        "job1",
+        VM,
+    )
+    assert (node["provider"], node["region"], node["gpu_count"]) == ("fake", "r1", 8)
+    assert node["gpu"] == "NVIDIA H100 80GB HBM3" and node["gpu_runtime_ok"] is True
+    assert node["capabilities"].startswith("8 x NVIDIA H100 80GB HBM3; driver 550.54.15")
+    assert node["registered_at"] and node["updated_at"]
+    assert rows[existing["worker_id"]]["label"] == LABEL
+    assert "credential" not in response.text and managed["credential"] not in response.text
+
+    idle = await api.get("/v1/workers", params={"state": "idle"}, headers=bearer(key))
+    assert [row["id"] for row in idle.json()["workers"]] == [existing["worker_id"]]
+    of_job = await api.get("/v1/workers", params={"job": "job1"}, headers=bearer(key))
+    assert [row["id"] for row in of_job.json()["workers"]] == [managed["worker_id"]]
+    bad = await api.get("/v1/workers", params={"state": "asleep"}, headers=bearer(key))
+    assert bad.status_code == 422
+
+
+# ---------------------------------------------------------------- workers
+
+
+async def test_a_worker_is_known_by_its_credential_until_its_machine_is_released(
+    api: httpx.AsyncClient, records: Records, credentials: Credentials
+):
+    registered = await register_worker(api, records, managed=True)
+    credential = registered["credential"]
+
+    me = await api.get("/v1/workers/me", headers=bearer(credential))
+    assert me.status_code == 200, me.text
+    assert (me.json()["id"], me.json()["vm"]) == (registered["worker_id"], VM)
+
+    _, key = credentials.create_operator_key("ops")
+    for wrong in ({}, bearer(key), bearer(credential[:-3] + "zzz")):
+        before = snapshot(records)
+        refused = await api.get("/v1/workers/me", headers=wrong)
+        assert refused.status_code == 401 and snapshot(records) == before
+
+    records.vm_terminated(VM)  # the machine is gone: its worker and credential are revoked
+    before = snapshot(records)
+    gone = await api.get("/v1/workers/me", headers=bearer(credential))
+    assert gone.status_code == 401, gone.text
+    assert gone.json()["detail"] == "unknown or revoked worker credential"
+    assert snapshot(records) == before
+
+
+# ---------------------------------------------------------------- throttling
+
+
+async def test_an_address_that_keeps_getting_keys_wrong_gets_429_with_retry_after(
+    app: FastAPI, api: httpx.AsyncClient, records: Records, credentials: Credentials, clock: Clock
+):
+    _, key = credentials.create_operator_key("ops")
+    for _ in range(5):
+        assert (await api.get("/v1/workers", headers=bearer("nope"))).status_code == 401
+    clock.now += 10
+
+    before = snapshot(records)
+    throttled = await api.get("/v1/workers", headers=bearer(key))  # even the right key
+    assert throttled.status_code == 429
+    assert throttled.headers["retry-after"] == "50"
+    assert (await api.get("/v1/workers/me", headers=bearer("nope"))).status_code == 429
+    assert snapshot(records) == before
+
+    async with client_for(app, OTHER_CALLER) as other:  # another address is not held up
+        assert (await other.get("/v1/workers", headers=bearer(key))).status_code == 200
+
+    clock.now += 50  # the window has passed
+    assert (await api.get("/v1/workers", headers=bearer(key))).status_code == 200
+
+
+async def test_bad_join_tokens_count_too_and_a_throttled_registration_spends_nothing(
+    api: httpx.AsyncClient, records: Records
+):
+    for attempt in range(5):
+        refused = await api.post(REGISTER, json=body(f"not-a-real-token-{attempt:04d}"))
+        assert refused.status_code == 401
+    token = records.mint_token(label=LABEL, ttl=TTL)
+    before = snapshot(records)
+
+    throttled = await api.post(REGISTER, json=body(token))
+
+    assert throttled.status_code == 429 and int(throttled.headers["retry-after"]) > 0
+    assert snapshot(records) == before  # the token is still unused
+
+
+async def test_good_calls_do_not_count_against_an_address(
+    api: httpx.AsyncClient, credentials: Credentials
+):
+    _, key = credentials.create_operator_key("ops")
+    for _ in range(20):
+        assert (await api.get("/v1/workers", headers=bearer(key))).status_code == 200
+
+
+def test_the_failure_table_stays_bounded_and_forgets_the_stalest(clock: Clock):
+    failures = AuthFailures(limit=3, window=60.0, max_clients=100, clock=clock)
+    for number in range(10_000):
+        failures.failed(f"10.{number // 65536}.{number // 256 % 256}.{number % 256}")
+    assert len(failures) == 100
+    assert failures.retry_after("10.0.0.0") is None  # forgotten
+    for _ in range(3):
+        failures.failed("10.0.39.15")  # the newest address, now at its limit
+    assert failures.retry_after("10.0.39.15") == 60
+    assert len(failures) == 100
+    clock.now += 60
+    assert failures.retry_after("10.0.39.15") is None
