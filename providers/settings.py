@@ -1,9 +1,10 @@
 """What every `[providers.<id>]` section shares, and how an adapter finds its credentials.
 
 Each cloud's own section model lives beside its adapter (`providers/<id>/config.py`) and
-derives from `ProviderSettings`; gpuprov/config.py gathers them under `[providers]`. Credentials
-come from the setting itself, a file it names, or the cloud's conventional environment variable,
-in that order; a cloud without any is skipped (`MissingCredentials`), never half-built.
+derives from `ProviderSettings`; the registry (providers/__init__.py) names it, and
+gpuprov/config.py derives `[providers]` from the registry. Credentials come from the setting
+itself, a file it names, or the cloud's conventional environment variable, in that order; a
+cloud without any is skipped (`MissingCredentials`), never half-built.
 
 Every section also declares the cloud's timing hints (`TimingHints`: boot_timeout,
 delete_timeout, poll_interval, each with that cloud's own default); `capabilities_from` hands

@@ -25,7 +25,6 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuprov.config import FakeInstanceType, FakeProviderConfig, FaultRule
 from providers.base import (
     Capabilities,
     CloudProvider,
@@ -40,6 +39,7 @@ from providers.base import (
 )
 from providers.errors import ErrorKind, ProviderError
 from providers.fake.agent import register, simulated_capabilities
+from providers.fake.config import FakeInstanceType, FakeProviderConfig, FaultRule
 from providers.fake.state import FakeCloudState, InstanceRow
 from providers.settings import capabilities_from
 
