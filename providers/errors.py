@@ -57,7 +57,7 @@ class ProviderError(Exception):
         self.retry_after = retry_after
         # Overrides the policy's block scope for this one error, e.g. a quota that names every
         # region of the account.
-        self.block_scope = BlockScope(block_scope) if block_scope is not None else None
+        self.block_scope = block_scope
 
     def __reduce__(self) -> tuple[object, ...]:
         return (ProviderError, (self.kind, self.message, self.retry_after, self.block_scope))

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from providers.errors import ErrorKind, ProviderError
+from providers.errors import BlockScope, ErrorKind, ProviderError
 
 MAX_WORDS = 600  # characters of the cloud's own words carried in one error
 
@@ -105,7 +105,7 @@ class GceApiError(ProviderError):
         reasons: frozenset[str] = frozenset(),
         status: int | None = None,
         retry_after: float | None = None,
-        block_scope: str | None = None,
+        block_scope: BlockScope | None = None,
     ) -> None:
         super().__init__(kind, message, retry_after=retry_after, block_scope=block_scope)
         self.reasons = reasons
@@ -190,9 +190,9 @@ def _list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _scope(kind: ErrorKind, entries: list[Mapping[str, Any]]) -> str | None:
+def _scope(kind: ErrorKind, entries: list[Mapping[str, Any]]) -> BlockScope | None:
     if kind is ErrorKind.QUOTA and GLOBAL_QUOTAS & _quota_names(entries):
-        return "provider"
+        return BlockScope.PROVIDER
     return None
 
 

@@ -52,7 +52,7 @@ from providers.base import (
     ResourceRequest,
     gpu_model_matches,
 )
-from providers.errors import ErrorKind, ProviderError
+from providers.errors import BlockScope, ErrorKind, ProviderError
 from providers.prime.client import (
     AVAILABILITY_GPUS,
     PAGE_SIZE,
@@ -179,7 +179,7 @@ class PrimeCloud(CloudProvider):
             raise ProviderError(
                 ErrorKind.UNAVAILABLE,
                 "Prime Intellect pods take no user data (no cloud-init or startup script)",
-                block_scope="provider",
+                block_scope=BlockScope.PROVIDER,
             )
         image = spec.image or self.config.image
         images = detail.get("images") or []

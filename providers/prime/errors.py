@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 
-from providers.errors import ErrorKind, ProviderError
+from providers.errors import BlockScope, ErrorKind, ProviderError
 
 MAX_DETAIL_CHARS = 500
 
@@ -41,19 +41,19 @@ GONE = "gone"
 
 # (phrase inside the lower-cased detail, kind or GONE, block scope override). First match wins,
 # so the more specific phrases come first.
-DETAIL_TABLE: tuple[tuple[str, ErrorKind | str, str | None], ...] = (
+DETAIL_TABLE: tuple[tuple[str, ErrorKind | str, BlockScope | None], ...] = (
     # already gone (delete / get of a pod that no longer exists)
     ("pod not found", GONE, None),
     ("already terminated", GONE, None),
     ("already deleted", GONE, None),
     # account limits: the wallet and the team's limits are account-wide
-    ("insufficient balance", ErrorKind.QUOTA, "provider"),
-    ("insufficient funds", ErrorKind.QUOTA, "provider"),
-    ("not enough balance", ErrorKind.QUOTA, "provider"),
-    ("payment required", ErrorKind.QUOTA, "provider"),
-    ("quota", ErrorKind.QUOTA, "provider"),
-    ("limit exceeded", ErrorKind.QUOTA, "provider"),
-    ("maximum number of pods", ErrorKind.QUOTA, "provider"),
+    ("insufficient balance", ErrorKind.QUOTA, BlockScope.PROVIDER),
+    ("insufficient funds", ErrorKind.QUOTA, BlockScope.PROVIDER),
+    ("not enough balance", ErrorKind.QUOTA, BlockScope.PROVIDER),
+    ("payment required", ErrorKind.QUOTA, BlockScope.PROVIDER),
+    ("quota", ErrorKind.QUOTA, BlockScope.PROVIDER),
+    ("limit exceeded", ErrorKind.QUOTA, BlockScope.PROVIDER),
+    ("maximum number of pods", ErrorKind.QUOTA, BlockScope.PROVIDER),
     # stockouts: this offer has no machine left right now
     ("out of stock", ErrorKind.CAPACITY, None),
     ("no capacity", ErrorKind.CAPACITY, None),
@@ -80,8 +80,8 @@ DETAIL_TABLE: tuple[tuple[str, ErrorKind | str, str | None], ...] = (
 )
 
 # HTTP status -> (kind or GONE, block scope), consulted when no phrase matched.
-STATUS_TABLE: dict[int, tuple[ErrorKind | str, str | None]] = {
-    402: (ErrorKind.QUOTA, "provider"),  # Prime CLI: "Payment required ... billing status"
+STATUS_TABLE: dict[int, tuple[ErrorKind | str, BlockScope | None]] = {
+    402: (ErrorKind.QUOTA, BlockScope.PROVIDER),  # Prime CLI: "Payment required ... billing status"
     404: (GONE, None),
     410: (GONE, None),
     422: (ErrorKind.INVALID_REQUEST, None),  # vendor document: "Invalid request data"
@@ -156,7 +156,7 @@ def retry_after_seconds(headers: Mapping[str, str], now: float | None = None) ->
     return min(max(delta, 0.0), 3600.0)
 
 
-def lookup(status: int, detail: str) -> tuple[ErrorKind | str, str | None] | None:
+def lookup(status: int, detail: str) -> tuple[ErrorKind | str, BlockScope | None] | None:
     """The table's verdict for this status and detail, before the operation's defaults."""
     if status == 429:
         return ErrorKind.TRANSIENT, None

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from providers.errors import ErrorKind, ProviderError
+from providers.errors import BlockScope, ErrorKind, ProviderError
 
 Operation = Literal["create", "read", "delete"]
 
@@ -53,7 +53,7 @@ STATUS_KINDS: dict[int, dict[Operation, ErrorKind]] = {
     429: dict.fromkeys(("create", "read", "delete"), ErrorKind.TRANSIENT),
 }
 # A 402 means the account has no balance: no RunPod offer can succeed, other clouds still can.
-BLOCK_SCOPES: dict[int, str] = {402: "provider"}
+BLOCK_SCOPES: dict[int, BlockScope] = {402: BlockScope.PROVIDER}
 
 MAX_DETAIL_CHARS = 600
 MAX_LISTED_ERRORS = 5

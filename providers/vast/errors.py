@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from enum import StrEnum
 from typing import Any
 
-from providers.errors import ErrorKind, ProviderError
+from providers.errors import BlockScope, ErrorKind, ProviderError
 
 MAX_MESSAGE_CHARS = 500
 MAX_RETRY_AFTER = 300.0
@@ -62,7 +62,7 @@ OP_CODES: dict[Op, dict[str, ErrorKind]] = {
     op: dict.fromkeys(_OURS, ErrorKind.FAILED) for op in (Op.SEARCH, Op.LIST, Op.DESTROY)
 }
 # Codes with a wider block than the policy's default for their kind.
-BLOCK_SCOPES: dict[str, str] = {"insufficient_balance": "provider"}
+BLOCK_SCOPES: dict[str, BlockScope] = {"insufficient_balance": BlockScope.PROVIDER}
 # Destroying an instance that is already gone is success (destroy_instance.yaml 404 not_found;
 # no_such_instance from the instance endpoints).
 GONE_CODES: frozenset[str] = frozenset({"not_found", "no_such_instance"})

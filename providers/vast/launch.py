@@ -23,7 +23,7 @@ from collections.abc import Collection
 from typing import Any
 
 from providers.base import InstanceSpec, NodeBootstrap, Offer, ResourceRequest
-from providers.errors import ErrorKind, ProviderError
+from providers.errors import BlockScope, ErrorKind, ProviderError
 from providers.vast.config import VastConfig, normalise_gpu
 from providers.vast.parse import number
 
@@ -107,7 +107,7 @@ def check_spec(spec: InstanceSpec) -> None:
         raise ProviderError(
             ErrorKind.UNAVAILABLE,
             "Vast runs containers without cloud-init: user_data must be a shell script",
-            block_scope="provider",
+            block_scope=BlockScope.PROVIDER,
         )
     length = len(onstart_script(spec) or "")
     if length > MAX_ONSTART_CHARS:
@@ -115,7 +115,7 @@ def check_spec(spec: InstanceSpec) -> None:
             ErrorKind.UNAVAILABLE,
             f"user_data and SSH key make an onstart script of {length} characters; "
             f"Vast allows {MAX_ONSTART_CHARS}",
-            block_scope="provider",
+            block_scope=BlockScope.PROVIDER,
         )
 
 

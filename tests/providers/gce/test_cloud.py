@@ -13,7 +13,7 @@ import pytest
 import respx
 
 from providers.base import InstanceSpec, InstanceStatus, Location, NodeBootstrap, Offer
-from providers.errors import ErrorKind, ProviderError
+from providers.errors import BlockScope, ErrorKind, ProviderError
 from providers.gce.auth import StaticToken
 from providers.gce.cloud import GceCloud
 from providers.gce.identity import request_id
@@ -124,7 +124,7 @@ async def test_gpus_all_regions_quota_blocks_the_provider(api, cloud):
     api.post(WAIT).mock(return_value=ok(bodies.GPUS_ALL_REGIONS_OPERATION))
     with pytest.raises(ProviderError) as caught:
         await cloud.create(offer(), {}, spec())
-    assert (caught.value.kind, caught.value.block_scope) == (ErrorKind.QUOTA, "provider")
+    assert (caught.value.kind, caught.value.block_scope) == (ErrorKind.QUOTA, BlockScope.PROVIDER)
 
 
 @pytest.mark.parametrize(

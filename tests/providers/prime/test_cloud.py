@@ -21,7 +21,7 @@ from providers.base import (
     Offer,
     ResourceRequest,
 )
-from providers.errors import ErrorKind, ProviderError
+from providers.errors import BlockScope, ErrorKind, ProviderError
 from providers.prime.cloud import PrimeCloud
 from providers.prime.config import PrimeConfig
 from providers.settings import MissingCredentials
@@ -296,7 +296,7 @@ async def test_prepare_refuses_an_image_the_offer_lacks(cloud):
 async def test_prepare_refuses_user_data_for_the_whole_provider(cloud):
     offer = await offer_named(cloud, "n3-H100x1")
     error = await failure(cloud.prepare(offer, spec(user_data="#cloud-config\n")))
-    assert (error.kind, error.block_scope) == (ErrorKind.UNAVAILABLE, "provider")
+    assert (error.kind, error.block_scope) == (ErrorKind.UNAVAILABLE, BlockScope.PROVIDER)
 
 
 async def test_prepare_refuses_an_offer_it_did_not_make(cloud):
@@ -355,8 +355,12 @@ async def test_create_does_not_send_the_bootstrap_secret(cloud, prime):
     ("response", "kind", "scope"),
     [
         (httpx.Response(400, json=bodies.STOCKOUT), ErrorKind.CAPACITY, None),
-        (httpx.Response(402, json={"detail": "Payment required"}), ErrorKind.QUOTA, "provider"),
-        (httpx.Response(400, json=bodies.NO_BALANCE), ErrorKind.QUOTA, "provider"),
+        (
+            httpx.Response(402, json={"detail": "Payment required"}),
+            ErrorKind.QUOTA,
+            BlockScope.PROVIDER,
+        ),
+        (httpx.Response(400, json=bodies.NO_BALANCE), ErrorKind.QUOTA, BlockScope.PROVIDER),
         (httpx.Response(401, json=bodies.UNAUTHORIZED), ErrorKind.CREDENTIALS, None),
         (httpx.Response(422, json=bodies.VALIDATION), ErrorKind.INVALID_REQUEST, None),
         (httpx.Response(500, json={"detail": "Internal Server Error"}), ErrorKind.FAILED, None),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from providers.errors import ErrorKind
+from providers.errors import BlockScope, ErrorKind
 from providers.runpod.errors import (
     CAPACITY_PHRASES,
     classify,
@@ -87,7 +87,7 @@ def test_stockout_text_on_a_read_is_not_capacity():
 
 def test_insufficient_balance_blocks_the_whole_provider():
     error = classify("create", 402, samples.BALANCE_402, CREATE)
-    assert (error.kind, error.block_scope) == (ErrorKind.QUOTA, "provider")
+    assert (error.kind, error.block_scope) == (ErrorKind.QUOTA, BlockScope.PROVIDER)
 
 
 def test_retry_after_is_kept_only_for_transient_errors():

@@ -17,7 +17,7 @@ from providers.base import (
     ResourceRequest,
     SshEndpoint,
 )
-from providers.errors import ErrorKind, ProviderError
+from providers.errors import BlockScope, ErrorKind, ProviderError
 from providers.vast.cloud import VastCloud
 from tests.providers.vast import fixtures
 from tests.providers.vast.conftest import vast_config
@@ -267,7 +267,10 @@ async def test_prepare_refuses_what_vast_cannot_carry_before_anything_exists(clo
     offer = await first_offer(cloud, vast_api)
     with pytest.raises(ProviderError) as caught:
         await cloud.prepare(offer, spec(user_data="#cloud-config\npackages: [git]\n"))
-    assert (caught.value.kind, caught.value.block_scope) == (ErrorKind.UNAVAILABLE, "provider")
+    assert (caught.value.kind, caught.value.block_scope) == (
+        ErrorKind.UNAVAILABLE,
+        BlockScope.PROVIDER,
+    )
     with pytest.raises(ProviderError) as caught:
         await cloud.prepare(offer, spec(user_data="#!/bin/sh\n" + "echo x\n" * 600))
     assert caught.value.kind is ErrorKind.UNAVAILABLE

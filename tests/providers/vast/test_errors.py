@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from providers.errors import ErrorKind
+from providers.errors import BlockScope, ErrorKind
 from providers.vast.errors import CODES, Op, classify, error_codes, is_gone, retry_after
 from tests.providers.vast import fixtures
 
@@ -63,7 +63,7 @@ def test_the_message_carries_vasts_own_words_and_code():
 
 def test_quota_for_credit_blocks_the_whole_provider():
     error = classify(Op.CREATE, 400, {"error": "insufficient_balance", "msg": "x"}, "")
-    assert error.block_scope == "provider"
+    assert error.block_scope is BlockScope.PROVIDER
     assert classify(Op.CREATE, 404, fixtures.NO_SUCH_ASK_404, "").block_scope is None
 
 
