@@ -274,6 +274,13 @@ class CloudProvider(abc.ABC):
             )
         return Diagnosis(instance=instance, findings=findings)
 
+    def secrets(self) -> list[str]:
+        """Every credential this adapter holds: its section's `SecretStr` values
+        (`ProviderSettings.secret_values()`), what it resolved from a file or the environment,
+        and what it derived (access tokens, session credentials). The core scrubs them, and the
+        tokens of the spec in play, out of every failure message; adapters do not scrub."""
+        return []
+
     async def aclose(self) -> None:
         """Release connections; providers holding clients override this."""
 

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from providers.aws import parse
 from providers.aws.client import Ec2Api
 from providers.base import PriceQuote
-from providers.errors import ProviderError
+from providers.errors import ProviderError, redact
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,8 @@ class Prices:
                 StartTime=datetime.now(UTC),
             )
         except ProviderError as error:
-            log.warning("aws: no spot prices for %s: %s", region, error.message)
+            said = redact(error.message, self._api.secrets())
+            log.warning("aws: no spot prices for %s: %s", region, said)
             return {}
         now = datetime.now(UTC)
         return {
@@ -98,7 +99,8 @@ class Prices:
                 ],
             )
         except ProviderError as error:
-            log.warning("aws: no on-demand price for %s in %s: %s", instance_type, region, error)
+            said = redact(error.message, self._api.secrets())
+            log.warning("aws: no on-demand price for %s in %s: %s", instance_type, region, said)
             return None, min(self._ttl, FAILED_LOOKUP_TTL)
         amount = parse.on_demand_price(entries, instance_type, region)
         if amount is None:

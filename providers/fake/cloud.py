@@ -64,6 +64,9 @@ class FakeCloud(CloudProvider):
         await asyncio.gather(*self._agents.values(), return_exceptions=True)
         self.state.close()
 
+    def secrets(self) -> list[str]:
+        return self.config.secret_values()
+
     # ------------------------------------------------------------------ primitives
 
     async def plan(self, request: ResourceRequest) -> list[Offer]:

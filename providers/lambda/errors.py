@@ -17,7 +17,6 @@ from enum import StrEnum
 from providers.errors import ErrorKind, ProviderError
 
 MAX_RETRY_AFTER = 3600.0  # seconds; a larger or nonsensical Retry-After is ignored
-MAX_TEXT = 500  # characters of the cloud's message kept in an error
 
 
 class Op(StrEnum):
@@ -107,14 +106,14 @@ def malformed(op: Op, detail: str) -> ProviderError:
     """A success answer we cannot read. After a launch an instance may exist: Failed (the core
     tears down by identity); a read is retried (a truncated body, a proxy's page)."""
     kind = ErrorKind.FAILED if op is Op.LAUNCH else ErrorKind.TRANSIENT
-    return ProviderError(kind, f"Lambda {op.value}: unreadable answer: {_clip(detail)}")
+    return ProviderError(kind, f"Lambda {op.value}: unreadable answer: {_one_line(detail)}")
 
 
 def transport_failure(op: Op, error: Exception) -> ProviderError:
     """No answer at all (timeout, reset, DNS). Transient even on launch: the core's retried
     create observes by identity first and adopts an instance that did land."""
     return ProviderError(
-        ErrorKind.TRANSIENT, f"Lambda {op.value}: {type(error).__name__}: {_clip(str(error))}"
+        ErrorKind.TRANSIENT, f"Lambda {op.value}: {type(error).__name__}: {_one_line(str(error))}"
     )
 
 
@@ -139,29 +138,20 @@ def retry_after_seconds(header: str | None, now: datetime | None = None) -> floa
     return seconds
 
 
-def redacted(error: ProviderError, secret: str | None) -> ProviderError:
-    """The same error with `secret` (an API key, a join token) blanked out of its message,
-    should the cloud ever echo it back."""
-    if secret and secret in error.message:
-        error.message = error.message.replace(secret, "[redacted]")
-        error.args = (f"{error.kind.value}: {error.message}",)
-    return error
-
-
 def _words(
     op: Op, status: int, code: str | None, message: str | None, suggestion: str | None
 ) -> str:
     parts = [f"Lambda {op.value} -> HTTP {status}"]
     if code:
-        parts.append(_clip(code, 120))
+        parts.append(_one_line(code))
     if message:
-        parts.append(_clip(message))
+        parts.append(_one_line(message))
     text = ": ".join(parts)
     if suggestion:
-        text += f" ({_clip(suggestion)})"
+        text += f" ({_one_line(suggestion)})"
     return text
 
 
-def _clip(text: str, limit: int = MAX_TEXT) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def _one_line(text: str) -> str:
+    """The cloud's words whole, on one line: the core scrubs secrets out, then shortens."""
+    return " ".join(text.split())

@@ -109,6 +109,9 @@ class PrimeCloud(CloudProvider):
     async def aclose(self) -> None:
         await self._client.aclose()
 
+    def secrets(self) -> list[str]:
+        return [*self.config.secret_values(), *self._client.secrets()]
+
     # ------------------------------------------------------------------ plan
 
     async def plan(self, request: ResourceRequest) -> list[Offer]:

@@ -34,8 +34,6 @@ import httpx
 
 from providers.errors import BlockScope, ErrorKind, ProviderError
 
-MAX_DETAIL_CHARS = 500
-
 # A "gone" answer to a delete: the pod is already gone, which delete treats as success.
 GONE = "gone"
 
@@ -93,22 +91,23 @@ class PodGone(Exception):
 
 
 def detail_text(body: Any) -> str:
-    """The cloud's own words from any of Prime's error shapes, or the raw text, shortened."""
+    """The cloud's own words from any of Prime's error shapes, or the raw text, whole (the core
+    scrubs secrets out, then shortens)."""
     if isinstance(body, Mapping):
         detail = body.get("detail")
         errors = body.get("errors")
         if isinstance(detail, str):
-            return _short(detail)
+            return _one_line(detail)
         if isinstance(detail, list):
-            return _short("; ".join(_validation_item(item) for item in detail))
+            return _one_line("; ".join(_validation_item(item) for item in detail))
         if isinstance(errors, list):
-            return _short("; ".join(_error_item(item) for item in errors))
+            return _one_line("; ".join(_error_item(item) for item in errors))
         for key in ("message", "error"):
             if isinstance(body.get(key), str):
-                return _short(body[key])
+                return _one_line(body[key])
     if isinstance(body, str):
-        return _short(body)
-    return _short(json.dumps(body, default=str)) if body is not None else ""
+        return _one_line(body)
+    return _one_line(json.dumps(body, default=str)) if body is not None else ""
 
 
 def _validation_item(item: Any) -> str:
@@ -125,9 +124,8 @@ def _error_item(item: Any) -> str:
     return str(item)
 
 
-def _short(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 3] + "..."
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def response_body(response: httpx.Response) -> Any:

@@ -55,7 +55,6 @@ STATUS_KINDS: dict[int, dict[Operation, ErrorKind]] = {
 # A 402 means the account has no balance: no RunPod offer can succeed, other clouds still can.
 BLOCK_SCOPES: dict[int, BlockScope] = {402: BlockScope.PROVIDER}
 
-MAX_DETAIL_CHARS = 600
 MAX_LISTED_ERRORS = 5
 
 
@@ -67,7 +66,7 @@ def _fallback(operation: Operation, status: int) -> ErrorKind:
 
 def problem_text(body: bytes) -> str:
     """The cloud's own words from an error body: `title: detail [errors]` of a problem+json
-    document, else the start of whatever text came back."""
+    document, else whatever text came back."""
     try:
         problem = json.loads(body)
     except (ValueError, RecursionError):
@@ -79,8 +78,8 @@ def problem_text(body: bytes) -> str:
             listed = "; ".join(str(item) for item in errors[:MAX_LISTED_ERRORS])
             parts.append(f"[{listed}]")
         if parts:
-            return _clip(": ".join(parts))
-    return _clip(body.decode("utf-8", errors="replace").strip() or "(empty body)")
+            return ": ".join(parts)
+    return body.decode("utf-8", errors="replace").strip() or "(empty body)"
 
 
 def classify(
@@ -119,7 +118,7 @@ def unreadable(operation: Operation, what: str, reason: str) -> ProviderError:
     """A 2xx whose body is not what the API documents. After create a pod may exist, so that
     is Failed (the core tears down by name); a read is simply tried again."""
     kind = ErrorKind.FAILED if operation == "create" else ErrorKind.TRANSIENT
-    return ProviderError(kind, f"RunPod answered {what} with an unreadable body: {_clip(reason)}")
+    return ProviderError(kind, f"RunPod answered {what} with an unreadable body: {reason}")
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -137,8 +136,4 @@ def parse_retry_after(value: str | None) -> float | None:
 
 def _describe(error: Exception) -> str:
     text = str(error).strip()
-    return f"{type(error).__name__}: {_clip(text)}" if text else type(error).__name__
-
-
-def _clip(text: str) -> str:
-    return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 3] + "..."
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

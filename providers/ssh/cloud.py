@@ -91,6 +91,9 @@ class SshMachines(CloudProvider):
     async def aclose(self) -> None:
         self._claims.close()
 
+    def secrets(self) -> list[str]:
+        return self.config.secret_values()
+
     # ------------------------------------------------------------------ primitives
 
     async def plan(self, request: ResourceRequest) -> list[Offer]:
