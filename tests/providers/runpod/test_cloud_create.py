@@ -250,9 +250,10 @@ async def test_create_stockout_is_capacity_with_runpods_words(api):
 
 CREATE_FAILURES = [
     (problem_response(samples.VALIDATION_422, 422), ErrorKind.INVALID_REQUEST),
-    (problem_response(samples.RULE_400, 400), ErrorKind.INVALID_REQUEST),
+    (problem_response(samples.RULE_400, 400), ErrorKind.UNAVAILABLE),  # "Try your next candidate"
+    (problem_response(samples.BAD_REQUEST_400, 400), ErrorKind.UNAVAILABLE),
     (problem_response(samples.UNAUTHORIZED_401, 401), ErrorKind.CREDENTIALS),
-    (problem_response(samples.FORBIDDEN_403, 403), ErrorKind.CREDENTIALS),
+    (problem_response(samples.FORBIDDEN_403, 403), ErrorKind.UNAVAILABLE),  # "Skip this candidate"
     (problem_response(samples.BALANCE_402, 402), ErrorKind.QUOTA),
     (problem_response(samples.INTERNAL_500, 500), ErrorKind.FAILED),
     (httpx.Response(502, content=samples.BAD_GATEWAY_HTML), ErrorKind.FAILED),
