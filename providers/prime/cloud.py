@@ -4,9 +4,11 @@ Primitive -> API calls (paths exactly as in the vendor OpenAPI document; base
 `https://api.primeintellect.ai`, `Authorization: Bearer <key>`):
 - plan: `GET /api/v1/availability/gpus?page=N&page_size=100[&regions=..][&gpu_type=..]
   [&security=..]`, every page until `totalCount`; one Offer per item that is in stock, not
-  prepaid and offers the configured image. Price: the item's own `prices` (per pod-hour; see
-  parse.py), else None. `Offer.detail` keeps what create needs: cloudId, gpuType, socket,
-  gpuCount, upstream provider type, data centre, country, security, sizes.
+  prepaid, offers the configured image and has a `gpuCount` above 0 (create's PodRequestConfig
+  takes no other; an item with 0 is rejected here, with a logged reason). Price: the item's own
+  `prices` (per pod-hour; see parse.py), else None. `Offer.detail` keeps what create needs:
+  cloudId, gpuType, socket, gpuCount, upstream provider type, data centre, country, security,
+  sizes.
 - prepare: with `spec.ssh_public_key`, `GET /api/v1/ssh_keys/` (paginated) and, unless that key
   is already registered, `POST /api/v1/ssh_keys/ {name: gpuprov-key-<hash>, publicKey}`.
   Returns the image and the key id. Nothing else to prepare: Prime has no firewall or image
@@ -118,11 +120,15 @@ class PrimeCloud(CloudProvider):
         now = datetime.now(UTC)
         offers: dict[str, Offer] = {}
         skipped = 0
+        gpuless: list[str] = []
         async for raw in self._availability(request):
             try:
                 item = validated(GpuOffer, raw)
             except Unreadable:
                 skipped += 1
+                continue
+            if item.gpuCount <= 0:
+                gpuless.append(item.cloudId)
                 continue
             if not self._wanted(item):
                 continue
@@ -132,6 +138,13 @@ class PrimeCloud(CloudProvider):
                 offers[offer.id] = offer
         if skipped:
             log.warning("prime: skipped %d unreadable availability items", skipped)
+        if gpuless:
+            log.warning(
+                "prime: rejected %d availability items with gpuCount 0 (%s): a pod is created "
+                "with gpuCount > 0 (PodRequestConfig), so no such offer could be rented",
+                len(gpuless),
+                ", ".join(sorted(set(gpuless))[:5]),
+            )
         return sorted(offers.values(), key=_order)
 
     async def _availability(self, request: ResourceRequest) -> AsyncIterator[Any]:

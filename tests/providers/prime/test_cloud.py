@@ -193,6 +193,24 @@ async def test_plan_skips_unreadable_items_but_keeps_the_rest():
     ]
 
 
+@pytest.mark.parametrize("gpu_type", ["H100_80GB", "CPU_NODE"])
+async def test_plan_rejects_items_with_no_gpu_since_create_needs_gpu_count_above_0(
+    gpu_type, caplog
+):
+    # GpuAvailability.gpuCount is a bare integer; PodRequestConfig.gpuCount has
+    # exclusiveMinimum 0, so an item with 0 could only ever fail at prepare or create.
+    gpuless = {**bodies.HYPERSTACK_H100, "cloudId": "n3-none", "gpuType": gpu_type, "gpuCount": 0}
+    page = bodies.availability(gpuless, bodies.RUNPOD_H100, total=2)
+    adapter = await with_transport(
+        static(("GET", "/api/v1/availability/gpus", httpx.Response(200, json=page)))
+    )
+    with caplog.at_level("WARNING", logger="providers.prime.cloud"):
+        offers = await adapter.plan(ResourceRequest(gpus_per_node=0))
+    assert [o.detail["cloud_id"] for o in offers] == ["NVIDIA H100 PCIe"]
+    assert all(o.detail["gpu_count"] > 0 for o in offers)
+    assert "rejected 1 availability items with gpuCount 0 (n3-none)" in caplog.text
+
+
 async def test_duplicate_offers_keep_the_cheapest():
     dearer = {**bodies.RUNPOD_H100, "prices": {"onDemand": 9.0, "currency": "USD"}}
     page = bodies.availability(dearer, bodies.RUNPOD_H100)
