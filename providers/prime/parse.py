@@ -102,12 +102,19 @@ class PortMapping(_Api):
     usedBy: str | None = None
 
 
+# APIPodConfig's documented defaults: a pod that does not say is still being provisioned.
+DEFAULT_POD_STATUS = "PROVISIONING"
+DEFAULT_INSTALLATION_STATUS = "PENDING"
+
+
 class Pod(_Api):
-    """The APIPodConfig fields observe needs."""
+    """The APIPodConfig fields observe needs. `status` and `installationStatus` have documented
+    defaults (PROVISIONING, PENDING), so a pod without them (or with null) is not yet known:
+    Pending, never an unreadable answer."""
 
     id: str = Field(min_length=1)
     name: str
-    status: str
+    status: str | None = None
     installationStatus: str | None = None
     installationFailure: str | None = None
     installationProgress: int | None = None
@@ -287,7 +294,7 @@ def _first_values(value: str | list[str | None] | None) -> list[str]:
 
 def observed(pod: Pod) -> Observed | None:
     """The normalized state of one pod; None once it is TERMINATED (gone)."""
-    status = pod.status.upper()
+    status = (pod.status or DEFAULT_POD_STATUS).upper()
     install = (pod.installationStatus or "").upper()
     if status == "TERMINATED":
         return None
@@ -304,5 +311,5 @@ def observed(pod: Pod) -> Observed | None:
             id=pod.id, status=InstanceStatus.PENDING, message="ACTIVE, no SSH endpoint yet"
         )
     progress = f" {pod.installationProgress}%" if pod.installationProgress is not None else ""
-    words = f"{status}, installation {install or 'PENDING'}{progress}"
+    words = f"{status}, installation {install or DEFAULT_INSTALLATION_STATUS}{progress}"
     return Observed(id=pod.id, status=InstanceStatus.PENDING, message=words)

@@ -427,6 +427,22 @@ async def test_observe_finds_only_this_vm_s_live_pods():
     )
 
 
+@pytest.mark.parametrize("missing", ["absent", "null"])
+async def test_a_pod_that_does_not_say_its_status_is_pending_not_an_unreadable_answer(missing):
+    # APIPodConfig documents `status` with default PROVISIONING and `installationStatus` with
+    # default PENDING: a pod without them is one Prime has not placed yet.
+    fresh = bodies.pod("pod-1", LABEL)
+    for field in ("status", "installationStatus"):
+        if missing == "absent":
+            del fresh[field]
+        else:
+            fresh[field] = None
+    adapter = await with_transport(static(pods_route(bodies.pods_page(fresh))))
+    [pod] = await adapter.observe(HERE, VM)
+    assert (pod.id, pod.status) == ("pod-1", InstanceStatus.PENDING)
+    assert (pod.message or "").startswith("PROVISIONING, installation PENDING")
+
+
 async def test_observe_reads_every_page_of_pods():
     others = [bodies.pod(f"x-{i}", f"someone-{i}", "ACTIVE") for i in range(100)]
     first = bodies.pods_page(*others, total=101)
@@ -452,7 +468,7 @@ async def test_observe_region_groups_every_gpuprov_pod_by_vm():
 
 
 async def test_an_unreadable_pod_of_ours_is_an_error_not_a_missing_pod():
-    broken = {"id": "pod-1", "name": LABEL}  # no status
+    broken = {"id": "", "name": LABEL, "status": "ACTIVE"}  # no usable id
     page = bodies.pods_page(broken, bodies.pod("pod-2", "someone", "ACTIVE"))
     adapter = await with_transport(static(pods_route(page)))
     assert (await failure(adapter.observe(HERE, VM))).kind is ErrorKind.TRANSIENT
