@@ -51,6 +51,15 @@ CODE_KINDS: dict[str, ErrorKind] = {
     "firewall-rulesets/firewall-ruleset-in-use": ErrorKind.FAILED,
     "global/internal-error": ErrorKind.TRANSIENT,
 }
+# Per call: what differs from CODE_KINDS. Only a launch and a key upload carry the user's ask;
+# on every other call the parameters are this adapter's own (instance ids, none at all), so a
+# refusal of them is Failed: a teardown (terminate, the instance list it watches) then gets its
+# retry rounds and, failing those, a possible orphan for the reconciler, and a plan blocks the
+# provider, instead of InvalidRequest aborting the job or stopping its teardown.
+OUR_PARAMETERS = {"global/invalid-parameters": ErrorKind.FAILED}
+OP_CODE_KINDS: dict[Op, dict[str, ErrorKind]] = {
+    op: OUR_PARAMETERS for op in Op if op not in (Op.LAUNCH, Op.ADD_KEY)
+}
 # Codes from upstream providers: outages, unavailability (Lambda's own example is
 # `provider/internal-unavailable`, "Try again shortly").
 PREFIX_KINDS: dict[str, ErrorKind] = {"provider/": ErrorKind.TRANSIENT}
@@ -70,8 +79,8 @@ class Gone(ProviderError):
 def kind_for(op: Op, status: int, code: str | None) -> ErrorKind:
     """The ErrorKind of a failed call: by code first, then (unknown code) by HTTP status."""
     if code is not None:
-        if code in CODE_KINDS:
-            return CODE_KINDS[code]
+        if code in (table := {**CODE_KINDS, **OP_CODE_KINDS.get(op, {})}):
+            return table[code]
         for prefix, kind in PREFIX_KINDS.items():
             if code.startswith(prefix):
                 return kind
