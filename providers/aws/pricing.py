@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 
 from providers.aws import parse
 from providers.aws.client import Ec2Api
-from providers.base import PriceQuote
+from providers.base import PriceQuote, price_quote
 from providers.errors import ProviderError, redact
 
 log = logging.getLogger(__name__)
@@ -73,8 +73,9 @@ class Prices:
             return {}
         now = datetime.now(UTC)
         return {
-            key: PriceQuote(amount=amount, source=SPOT_SOURCE, observed_at=now)
+            key: quote
             for key, amount in parse.spot_prices(history).items()
+            if (quote := price_quote(amount, source=SPOT_SOURCE, observed_at=now)) is not None
         }
 
     async def _on_demand_one(self, region: str, instance_type: str) -> PriceQuote | None:
@@ -105,5 +106,5 @@ class Prices:
         amount = parse.on_demand_price(entries, instance_type, region)
         if amount is None:
             return None, min(self._ttl, FAILED_LOOKUP_TTL)
-        quote = PriceQuote(amount=amount, source=ON_DEMAND_SOURCE, observed_at=datetime.now(UTC))
+        quote = price_quote(amount, source=ON_DEMAND_SOURCE, observed_at=datetime.now(UTC))
         return quote, self._ttl

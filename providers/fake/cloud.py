@@ -36,6 +36,7 @@ from providers.base import (
     PriceQuote,
     ResourceRequest,
     SshEndpoint,
+    price_quote,
 )
 from providers.errors import ErrorKind, ProviderError
 from providers.fake.agent import register, simulated_capabilities
@@ -274,9 +275,7 @@ def _matches(
 
 
 def _quote(amount: float | None) -> PriceQuote | None:
-    if amount is None:
-        return None
-    return PriceQuote(amount=amount, source=PRICE_SOURCE, observed_at=datetime.now(UTC))
+    return price_quote(amount, source=PRICE_SOURCE, observed_at=datetime.now(UTC))
 
 
 def _offer_order(offer: Offer) -> tuple[bool, float, str]:

@@ -24,7 +24,7 @@ import logging
 import time
 from datetime import UTC, datetime
 
-from providers.base import PriceQuote
+from providers.base import PriceQuote, price_quote
 from providers.errors import ProviderError, redact
 from providers.gce.client import GceClient
 from providers.gce.config import PriceComponent
@@ -92,8 +92,8 @@ class PriceBook:
             if len(rates) != 1:  # none serves this region, or several do: no reliable price
                 return None
             total += component.quantity * rates[0]
-        return PriceQuote(
-            amount=round(total, 6),
+        return price_quote(
+            round(total, 6),
             currency=CURRENCY,
             unit="hour",
             source=self.source,

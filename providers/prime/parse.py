@@ -13,7 +13,6 @@ added for the sizes create will ask for. No price in the answer means no quote (
 
 from __future__ import annotations
 
-import math
 import re
 from datetime import datetime
 from typing import Any, TypeVar
@@ -27,6 +26,7 @@ from providers.base import (
     Offer,
     PriceQuote,
     SshEndpoint,
+    price_quote,
 )
 
 M = TypeVar("M", bound="BaseModel")
@@ -175,7 +175,7 @@ def offer_price(item: GpuOffer, disk_gb: int | None, now: datetime) -> PriceQuot
         base = prices.communityPrice if prices.communityPrice is not None else prices.onDemand
     else:
         base = prices.onDemand if prices.onDemand is not None else prices.communityPrice
-    if base is None:
+    if base is None or base <= 0:  # 0 is no price (price_quote), whatever the extras add
         return None
     extras = [
         _extra(item.disk, disk_gb),
@@ -185,9 +185,7 @@ def offer_price(item: GpuOffer, disk_gb: int | None, now: datetime) -> PriceQuot
     if any(extra is None for extra in extras):
         return None
     amount = base + sum(extra for extra in extras if extra is not None)
-    if not math.isfinite(amount):
-        return None
-    return PriceQuote(amount=amount, currency=prices.currency, source=PRICE_SOURCE, observed_at=now)
+    return price_quote(amount, currency=prices.currency, source=PRICE_SOURCE, observed_at=now)
 
 
 def _extra(spec: SpecValue, requested: int | None) -> float | None:

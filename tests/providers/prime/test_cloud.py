@@ -550,3 +550,14 @@ async def test_offers_and_prepared_state_hold_no_secret(cloud):
     prepared = await cloud.prepare(offers[1], spec(ssh_public_key=bodies.PUBLIC_KEY))
     assert API_KEY not in json.dumps([o.model_dump(mode="json") for o in offers])
     assert API_KEY not in json.dumps(prepared)
+
+
+async def test_a_zero_price_is_no_price_not_a_free_pod():
+    # Prices.onDemand is a bare number in the document; 0 is what an unpriced item carries.
+    free = {**bodies.HYPERSTACK_H100, "prices": {**bodies.HYPERSTACK_H100["prices"], "onDemand": 0}}
+    page = bodies.availability(free, total=1)
+    adapter = await with_transport(
+        static(("GET", "/api/v1/availability/gpus", httpx.Response(200, json=page)))
+    )
+    [offer] = await adapter.plan(ResourceRequest())
+    assert offer.price is None

@@ -440,3 +440,11 @@ async def test_a_listing_that_was_taken_is_skipped_by_the_next_nodes(cloud, vast
         await cloud.create(offers["vast/2"], {}, spec("j-a1-n1-x", node_index=1))  # on ask 1
     assert await cloud.create(offers["vast/3"], {}, spec("j-a2-n1-x", node_index=1)) == ["4000"]
     assert [ask for ask, _ in vast_api.created] == [2]
+
+
+async def test_a_zero_dph_total_is_no_price_not_a_free_listing(cloud, vast_api):
+    vast_api.listings = [fixtures.h100_listing(101, 0.0), fixtures.h100_listing(102, 20.0)]
+    offers = {o.id: o for o in await cloud.plan(H100X8)}
+    assert offers["vast/101"].price is None
+    assert offers["vast/102"].price is not None and offers["vast/102"].price.amount == 20.0
+    assert list(offers) == ["vast/102", "vast/101"]  # unpriced last
