@@ -1,9 +1,11 @@
 """Building Vast.ai request bodies: the offer search and the create call.
 
 Field names and limits are from Vast's OpenAPI files (search_offers.yaml, create_instance.yaml):
-`order` must hold exactly two `[field, direction]` pairs; `type` is `ondemand` (the docs'
-example says `on-demand`, the schema's enum wins); `onstart` and `args` together are at most
-4,096 characters; each `env` entry is at most 256.
+`order` must hold exactly two `[field, direction]` pairs; `onstart` and `args` together are at
+most 4,096 characters; each `env` entry is at most 256. `type` is `on-demand`: what Vast's own
+client sends (vast-ai/vast-cli, `vastai/api/offers.py` `search_offers`, whose `offer_type` is
+"One of 'on-demand', 'reserved', or 'bid'", default 'on-demand') and what search_offers.yaml's
+own request example sends; only that file's enum spells it `ondemand`.
 
 How a machine gets what the core hands over, since Vast runs Docker containers, not VMs with
 cloud-init:
@@ -33,6 +35,9 @@ MAX_LABEL_CHARS = 256
 MAX_ASKS_PER_OFFER = 16  # nodes one offer can place on distinct listings
 USER_DATA_PATH = "/root/gpuprov-user-data"
 USER_DATA_LOG = "/var/log/gpuprov-user-data.log"
+
+# The search's on-demand `type` (see the module docstring for why this spelling).
+ON_DEMAND = "on-demand"
 
 
 def runtype(config: VastConfig) -> str:
@@ -70,7 +75,7 @@ def search_body(
     body: dict[str, Any] = {
         "rentable": {"eq": True},
         "rented": {"eq": False},
-        "type": "ondemand",
+        "type": ON_DEMAND,
         "order": [["dph_total", "asc"], ["id", "asc"]],
         "limit": config.search_limit,
         # dph_total then includes storage for the disk create will ask for.

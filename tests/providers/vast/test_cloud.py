@@ -55,7 +55,7 @@ async def test_plan_searches_once_with_the_nodes_shape_and_returns_cheapest_firs
     (request,) = vast_api.requests
     body = json.loads(request.content)
     assert request.headers["authorization"] == f"Bearer {fixtures.API_KEY}"
-    assert body["type"] == "ondemand"  # the schema's enum, not the example's "on-demand"
+    assert body["type"] == "on-demand"  # what Vast's client and the search's example send
     assert body["order"] == [["dph_total", "asc"], ["id", "asc"]]
     assert body["gpu_name"] == {"in": ["H100 SXM", "H100 PCIE", "H100 NVL", "H100"]}
     assert body["num_gpus"] == {"eq": 8}
