@@ -17,7 +17,8 @@
   the deadline travels in the heartbeat details, so a retried attempt keeps it. Deletion
   observes the VM identity and deletes every instance found plus the known ids.
 
-ProviderError becomes ApplicationError(type=<ErrorKind>) via `activities.errors.classified`.
+ProviderError becomes ApplicationError(type=<ErrorKind>) through `activities.redaction.scrubbed`,
+which scrubs every secret in play out of the message first (any other exception too).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ from pydantic import Field
 from temporalio import activity
 
 from activities.enrolment import Enrolment
-from activities.errors import classified, to_application_error
+from activities.errors import to_application_error
 from activities.heartbeat import Heartbeater
 from activities.observe_hub import ObserveHub
+from activities.redaction import scrubbed
 from activities.ssh_keys import KeyStore, host_key_cloud_config
 from providers.base import (
     Capabilities,
@@ -127,8 +129,8 @@ class CloudActivities:
         ]
 
     def _provider(self, name: str) -> CloudProvider:
-        """The provider, or InvalidRequest (already classified: callers may be outside
-        `classified()`) when this worker does not have it enabled."""
+        """The provider, or InvalidRequest (already an ApplicationError: callers ask for it
+        before `scrubbed()`, which needs it) when this worker does not have it enabled."""
         try:
             return self._providers[name]
         except KeyError:
@@ -154,9 +156,10 @@ class CloudActivities:
 
     @activity.defn(name="plan")
     async def plan(self, request: PlanInput) -> PlanResult:
+        provider = self._provider(request.provider)
         async with _beating():
-            with classified():
-                offers = await self._provider(request.provider).plan(request.request)
+            with scrubbed(provider):
+                offers = await provider.plan(request.request)
         result = PlanResult()
         for offer in offers:
             reasons = compatibility_reasons(offer, request.request)
@@ -170,11 +173,10 @@ class CloudActivities:
 
     @activity.defn(name="prepare")
     async def prepare(self, request: PrepareInput) -> dict[str, Any]:
+        provider = self._provider(request.offer.provider)
         async with _beating():
-            with classified():
-                return await self._provider(request.offer.provider).prepare(
-                    request.offer, request.spec
-                )
+            with scrubbed(provider, spec=request.spec):
+                return await provider.prepare(request.offer, request.spec)
 
     @activity.defn(name="create")
     async def create(self, request: CreateInput) -> list[str]:
@@ -197,7 +199,7 @@ class CloudActivities:
             adopted = await self._adopted(provider, request.offer, spec, step="create")
             if adopted is not None:
                 return adopted
-            with classified("prepare"):
+            with scrubbed(provider, "prepare", spec):
                 prepared = await provider.prepare(request.offer, spec)
             create = CreateInput(offer=request.offer, prepared=prepared, spec=spec)
             return await self._create_once(create, provider, spec, step="create", adopt=False)
@@ -208,7 +210,7 @@ class CloudActivities:
         """On a retry: what an earlier attempt created with its response lost, recorded."""
         if activity.info().attempt <= 1:
             return None
-        with classified(step):
+        with scrubbed(provider, step):
             existing = await provider.observe(offer.location, spec.vm)
         if not existing:
             return None
@@ -229,12 +231,13 @@ class CloudActivities:
             adopted = await self._adopted(provider, request.offer, spec, step)
             if adopted is not None:
                 return adopted
-        with classified(step):
+        with scrubbed(provider, step):
             if self._enrolment is not None:
                 spec = await asyncio.to_thread(self._enrolment.record_and_mint, request.offer, spec)
             if request.offer.provider in self._ssh_bootstrap:
                 cloud_init = provider.capabilities().cloud_init
                 spec = await asyncio.to_thread(self._for_ssh_bootstrap, spec, cloud_init)
+        with scrubbed(provider, step, spec):  # now holding the join token and any host key
             ids = await provider.create(request.offer, request.prepared, spec)
         await self._created(spec.vm, ids)
         return ids
@@ -269,7 +272,7 @@ class CloudActivities:
         progress = Heartbeater.resume(WaitProgress, WaitProgress(started_at=time.time()))
         deadline = progress.started_at + hints.boot_timeout
         empty_polls = 0
-        with classified():
+        with scrubbed(provider):
             async with Heartbeater(progress, beat_at_start=False) as heartbeat:
                 while True:
                     observed = await self._poll(provider, request, hints.poll_interval)
@@ -304,14 +307,14 @@ class CloudActivities:
         # A retry keeps the wait's deadline, as wait_gone does.
         progress = Heartbeater.resume(WaitProgress, WaitProgress(started_at=time.time()))
         async with Heartbeater(progress, beat_at_start=False) as heartbeat:
-            with classified("delete"):
+            with scrubbed(provider, "delete"):
                 ids = await _delete_by_identity(provider, request)
             gone = request.model_copy(update={"ids": ids})
-            with classified("wait_gone"):
+            with scrubbed(provider, "wait_gone"):
                 await self._until_gone(provider, gone, heartbeat)
             if self._enrolment is not None:
                 await asyncio.to_thread(self._enrolment.terminated, request.vm)
-            with classified("cleanup"):
+            with scrubbed(provider, "cleanup"):
                 await provider.cleanup(request.location, request.vm)
         return ids
 

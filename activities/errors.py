@@ -58,11 +58,13 @@ def to_application_error(error: ProviderError, step: str | None = None) -> Appli
 @contextmanager
 def classified(step: str | None = None) -> Iterator[None]:
     """Inside an activity: turn a ProviderError into the ApplicationError the workflow reads
-    (naming `step`, the primitive, where the activity runs more than one)."""
+    (naming `step`, the primitive, where the activity runs more than one). The original is not
+    kept as the cause: Temporal would record its text a second time, uncut. (Cloud calls use
+    activities/redaction.py's `scrubbed`, which also removes every secret in play.)"""
     try:
         yield
     except ProviderError as error:
-        raise to_application_error(error, step) from error
+        raise to_application_error(error, step) from None
 
 
 @dataclass

@@ -23,7 +23,7 @@ from pydantic import Field
 from temporalio import activity
 
 from activities.bootstrap import AGENT_FILE, node_client_key, node_host_key_trust, remote_dir
-from activities.errors import classified
+from activities.redaction import scrubbed
 from activities.ssh_connect import Endpoint, HostKeyMismatch, connect_verified
 from activities.ssh_keys import KeyStore
 from gpuprov.models import HealthReport
@@ -87,7 +87,7 @@ class HealthActivities:
             off = _finding(Severity.WARN, "provider_off", f"{row.provider} is not enabled here")
             return Diagnosis(instance=None, findings=[off])
         location = Location(provider=row.provider, region=row.region, zone=row.zone)
-        with classified():
+        with scrubbed(provider):
             return await provider.diagnose(location, vm)
 
     async def _probe(self, request: HealthInput, ssh: SshEndpoint) -> list[Finding]:

@@ -11,7 +11,7 @@ identity (observe_region returns None) are observed per VM, as before.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from providers.base import CloudProvider, Location, Observed
 
@@ -25,7 +25,6 @@ class _RegionPoller:
     interval: float
     last_start: float = float("-inf")
     pending: asyncio.Task[dict[str, list[Observed]] | None] | None = None
-    calls: int = field(default=0)
 
     async def read(self) -> dict[str, list[Observed]] | None:
         if self.pending is None:
@@ -43,7 +42,6 @@ class _RegionPoller:
         await asyncio.sleep(max(0.0, start_at - loop.time()))
         self.pending = None  # from now on, newcomers need a call that starts after them
         self.last_start = loop.time()
-        self.calls += 1
         return await self.provider.observe_region(self.location)
 
 
@@ -74,7 +72,3 @@ class ObserveHub:
             self._per_vm_only.add(provider.name)
             return await provider.observe(location, vm)
         return listing.get(vm, [])
-
-    def list_calls(self, provider: str, region: str) -> int:
-        poller = self._pollers.get((provider, region))
-        return poller.calls if poller else 0

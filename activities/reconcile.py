@@ -42,7 +42,7 @@ from gpuprov.db import OrphanRecord, VmRecord, utcnow
 from gpuprov.models import JobStatus, workflow_id_for
 from gpuprov.records import Records
 from providers.base import CloudProvider, Location, Model, Observed
-from providers.errors import ProviderError
+from providers.errors import ProviderError, redact
 
 # A pass deletes at most this many machines (about 35 history events each); the rest wait for
 # the next pass, so one pass's history stays far below Temporal's limits.
@@ -199,7 +199,7 @@ class ReconcileActivities:
                 if listing is None:
                     listing = await self._observe_known(provider, location, ledger, survey)
             except ProviderError as error:
-                _error(survey, f"list {name}/{region}: {error.kind.value}: {error.message}")
+                _error(survey, f"list {name}/{region}: {_said(provider, error)}")
                 continue
             for vm, observed in listing.items():
                 if observed:
@@ -223,7 +223,7 @@ class ReconcileActivities:
             try:
                 listing[vm] = await provider.observe(location.model_copy(update={"zone": zone}), vm)
             except ProviderError as error:
-                _error(survey, f"observe {vm}: {error.kind.value}: {error.message}")
+                _error(survey, f"observe {vm}: {_said(provider, error)}")
         return listing
 
     # ------------------------------------------------------------------ judging
@@ -282,7 +282,7 @@ class ReconcileActivities:
         try:
             observed = await provider.observe(candidate.location, candidate.vm)
         except ProviderError as error:
-            _error(survey, f"observe {candidate.vm}: {error.kind.value}: {error.message}")
+            _error(survey, f"observe {candidate.vm}: {_said(provider, error)}")
             _leave_open(survey, candidate.vm, "could not observe it again")
             return False
         ids = {*candidate.instance_ids, *(instance.id for instance in observed)}
@@ -333,6 +333,11 @@ def _leave_open(survey: Survey, vm: str, why: str) -> None:
     survey.left_open_count += 1
     if len(survey.left_open) < MAX_LINES:
         survey.left_open.append(f"{vm}: {why}")
+
+
+def _said(provider: CloudProvider, error: ProviderError) -> str:
+    """The kind and the cloud's words, without any credential of the provider in them."""
+    return f"{error.kind.value}: {redact(error.message, provider.secrets())}"
 
 
 def _error(survey: Survey, message: str) -> None:

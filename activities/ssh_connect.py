@@ -43,10 +43,6 @@ class HostKeyTrust:
     def __post_init__(self) -> None:
         self.fingerprints = [normalize_fingerprint(value) for value in self.fingerprints]
 
-    @property
-    def first_use(self) -> bool:
-        return not self.keys and not self.fingerprints
-
     def accepts(self, key: asyncssh.SSHKey) -> bool:
         return all(key.public_data == known.public_data for known in self.keys) and all(
             fingerprint(key) == expected for expected in self.fingerprints

@@ -71,6 +71,3 @@ class TimedCloud(FakeCloud):
 
     async def cleanup(self, location: Location, vm: str) -> None:
         await self._timed("cleanup", location.region, vm, super().cleanup(location, vm))
-
-    def calls_for(self, vm: str) -> list[CallRecord]:
-        return [call for call in self.calls if call.vm == vm]

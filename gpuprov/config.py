@@ -12,29 +12,38 @@ from __future__ import annotations
 
 import base64
 import binascii
-import importlib
+import keyword
 import os
 import re
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, ConfigDict, Field, SecretStr, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    create_model,
+    model_validator,
+)
 
 from gpuprov.models import format_validation_error
-from providers.aws.config import AwsConfig
+from providers import config_models
 from providers.base import Model
-from providers.errors import ErrorKind
-from providers.gce.config import GceConfig
-from providers.prime.config import PrimeConfig
-from providers.runpod.config import RunPodConfig
-from providers.settings import ProviderSettings
-from providers.ssh.config import SshConfig
-from providers.vast.config import VastConfig
 
-# `lambda` is a Python keyword, so its package is imported by name (directory = provider id).
-LambdaConfig = importlib.import_module("providers.lambda.config").LambdaConfig
+# The fake cloud's models, where the demo, the benchmark and tests have always imported them.
+from providers.fake.config import (  # noqa: F401
+    FakeInstanceType,
+    FakePrimitive,
+    FakeProviderConfig,
+    FakeRegion,
+    FaultEffect,
+    FaultRule,
+)
+from providers.settings import ProviderSettings
 
 ENV_PREFIX = "GPUPROV_"
 CONFIG_ENV = "GPUPROV_CONFIG"
@@ -236,107 +245,10 @@ class CodecSettings(Model):
         }
 
 
-# ---------------------------------------------------------------- [providers.fake]
-
-
-class FakeRegion(Model):
-    name: str
-    zones: list[str] = Field(default_factory=list)
-
-
-class FakeInstanceType(Model):
-    name: str
-    gpu: str | None = None
-    gpu_count: int = Field(default=0, ge=0)
-    gpu_memory_gb: float | None = None
-    vcpus: int | None = None
-    memory_gb: float | None = None
-    disk_gb: float | None = None
-    price: float | None = Field(default=None, ge=0)  # USD/hour; None = the cloud shows none
-    spot_price: float | None = Field(default=None, ge=0)  # also offered as spot when set
-    regions: list[str] | None = None  # None = every region
-
-
-FakePrimitive = Literal["plan", "prepare", "create", "observe", "list", "delete", "cleanup"]
-FaultEffect = Literal["error", "lost_response", "boot_failed", "boot_hang", "bad_runtime", "delay"]
-
-
-class FaultRule(Model):
-    """Inject a failure into the fake cloud.
-
-    A rule matches calls of `primitive` (optionally narrowed to a region, an offer id or a VM
-    name prefix); it skips the first `after` matching calls and fires on the next `times` (None:
-    on every one). Effects:
-    - error: raise ProviderError(kind, message); nothing is created.
-    - lost_response (create): the instance is created, then the call raises `kind`
-      (Transient by default) as if the response were lost.
-    - boot_failed (create): the instance is created and boots into Failed.
-    - boot_hang (create): the instance is created and never leaves Pending.
-    - bad_runtime (create): the instance boots, but its agent reports a broken GPU runtime.
-    - delay: the call sleeps `delay_seconds`, then proceeds normally (a slow API).
-    """
-
-    primitive: FakePrimitive
-    kind: ErrorKind = ErrorKind.TRANSIENT
-    message: str = "injected fault"
-    effect: FaultEffect = "error"
-    region: str | None = None
-    offer: str | None = None
-    vm: str | None = None  # prefix of the VM name
-    after: int = Field(default=0, ge=0)
-    times: int | None = Field(default=None, ge=1)
-    delay_seconds: float = Field(default=0.0, ge=0)
-
-
-class FakeProviderConfig(ProviderSettings):
-    """The deterministic fake cloud: catalogue, timings, fault rules, optional state file."""
-
-    regions: list[FakeRegion] = Field(
-        default_factory=lambda: [FakeRegion(name="us-east-1", zones=["us-east-1a"])]
-    )
-    instance_types: list[FakeInstanceType] = Field(
-        default_factory=lambda: [
-            FakeInstanceType(
-                name="h100x8",
-                gpu="H100",
-                gpu_count=8,
-                gpu_memory_gb=80,
-                vcpus=208,
-                memory_gb=1800,
-                disk_gb=2000,
-                price=23.92,
-            )
-        ]
-    )
-    boot_delay_seconds: float = Field(default=2.0, ge=0)
-    delete_delay_seconds: float = Field(default=0.5, ge=0)
-    call_latency_seconds: float = Field(default=0.0, ge=0)
-    poll_interval: float = Field(default=0.5, gt=0)
-    boot_timeout: float = Field(default=60.0, gt=0)
-    delete_timeout: float = Field(default=30.0, gt=0)
-    state_path: str | None = None  # SQLite file; None keeps the cloud in memory
-    ssh_host: str = "127.0.0.1"
-    ssh_port: int = 22
-    # Booted instances run a simulated node agent that registers through the control-plane
-    # API with the join token they were given; jobs then wait for that registration.
-    simulate_agent: bool = False
-    faults: list[FaultRule] = Field(default_factory=list)
-
-
-class ProvidersSettings(Model):
-    """One optional section per cloud, keyed by provider id; an absent section is a cloud this
-    deployment does not use (`lambda` is a Python keyword, hence the field name `lambda_`)."""
+class _ProviderSections(Model):
+    """The `[providers.<id>]` sections: one optional field per cloud of the registry."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, populate_by_name=True)
-
-    fake: FakeProviderConfig | None = None
-    lambda_: LambdaConfig | None = Field(default=None, alias="lambda")
-    runpod: RunPodConfig | None = None
-    vast: VastConfig | None = None
-    prime: PrimeConfig | None = None
-    aws: AwsConfig | None = None
-    gce: GceConfig | None = None
-    ssh: SshConfig | None = None
 
     def section(self, provider_id: str) -> ProviderSettings | None:
         """The section of `provider_id` (its TOML name), or None where absent or unknown."""
@@ -351,6 +263,25 @@ class ProvidersSettings(Model):
             for name, field in type(self).model_fields.items()
             if (section := getattr(self, name)) is not None and section.enabled
         ]
+
+
+def _providers_settings() -> type[_ProviderSections]:
+    """ProvidersSettings, derived from the cloud registry (providers.CLOUDS): a section per
+    cloud, keyed by provider id; an absent section is a cloud this deployment does not use.
+    An id that is a Python keyword (`lambda`) gets a trailing underscore as its field name."""
+    fields: dict[str, Any] = {
+        (f"{provider_id}_" if keyword.iskeyword(provider_id) else provider_id): (
+            model | None,
+            Field(default=None, alias=provider_id),
+        )
+        for provider_id, model in config_models().items()
+    }
+    return create_model(
+        "ProvidersSettings", __base__=_ProviderSections, __module__=__name__, **fields
+    )
+
+
+ProvidersSettings = _providers_settings()
 
 
 class Settings(Model):

@@ -19,6 +19,7 @@ Nothing above this module knows a cloud's name. The core calls these primitives 
 from __future__ import annotations
 
 import abc
+import math
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -37,13 +38,32 @@ class Model(BaseModel):
 
 
 class PriceQuote(Model):
-    """A price exactly as the provider stated it. Never invented: no quote means None."""
+    """A price exactly as the provider stated it. Never invented: no quote means None.
+    Adapters make one with `price_quote`, which turns a zero or negative amount into None."""
 
     amount: float = Field(ge=0)
     currency: str = "USD"
     unit: str = "hour"  # per instance
     source: str  # where the number came from, e.g. "simulated" or an API endpoint
     observed_at: datetime
+
+
+def price_quote(
+    amount: float | None,
+    *,
+    source: str,
+    observed_at: datetime,
+    currency: str = "USD",
+    unit: str = "hour",
+) -> PriceQuote | None:
+    """The quote for a price a provider stated, or None where it stated none: absent, not a
+    finite number, zero or negative. Clouds write 0 where they have no price (an unpriced
+    catalogue entry, a SKU without a rate), so 0 is "no price", never "free", on every cloud."""
+    if amount is None or not math.isfinite(amount) or amount <= 0:
+        return None
+    return PriceQuote(
+        amount=amount, currency=currency, unit=unit, source=source, observed_at=observed_at
+    )
 
 
 class ResourceRequest(Model):
@@ -273,6 +293,13 @@ class CloudProvider(abc.ABC):
                 )
             )
         return Diagnosis(instance=instance, findings=findings)
+
+    def secrets(self) -> list[str]:
+        """Every credential this adapter holds: its section's `SecretStr` values
+        (`ProviderSettings.secret_values()`), what it resolved from a file or the environment,
+        and what it derived (access tokens, session credentials). The core scrubs them, and the
+        tokens of the spec in play, out of every failure message; adapters do not scrub."""
+        return []
 
     async def aclose(self) -> None:
         """Release connections; providers holding clients override this."""

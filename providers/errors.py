@@ -3,11 +3,20 @@
 Adapters classify every failure into one `ErrorKind` (a table of codes per cloud, never string
 matching on messages) and raise `ProviderError`. What each kind *does* is decided in exactly one
 place, `workflows/policy.py`.
+
+A message carries the cloud's words whole: adapters neither cut nor scrub it. The core scrubs
+every secret in play out of it (`redact`, in activities/redaction.py) and only then shortens it,
+so a secret can never survive in part at a cut.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from enum import StrEnum
+
+REDACTED = "[redacted]"
+# Shorter values are no credential a cloud issues, and replacing them would garble the words.
+MIN_SECRET_CHARS = 8
 
 
 class ErrorKind(StrEnum):
@@ -57,7 +66,16 @@ class ProviderError(Exception):
         self.retry_after = retry_after
         # Overrides the policy's block scope for this one error, e.g. a quota that names every
         # region of the account.
-        self.block_scope = BlockScope(block_scope) if block_scope is not None else None
+        self.block_scope = block_scope
 
     def __reduce__(self) -> tuple[object, ...]:
         return (ProviderError, (self.kind, self.message, self.retry_after, self.block_scope))
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """`text` with every secret in it replaced by [redacted]; longer secrets first, so one that
+    contains another is replaced whole."""
+    wanted = {secret for secret in secrets if len(secret) >= MIN_SECRET_CHARS}
+    for secret in sorted(wanted, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    return text

@@ -1,9 +1,10 @@
 """What every `[providers.<id>]` section shares, and how an adapter finds its credentials.
 
 Each cloud's own section model lives beside its adapter (`providers/<id>/config.py`) and
-derives from `ProviderSettings`; gpuprov/config.py gathers them under `[providers]`. Credentials
-come from the setting itself, a file it names, or the cloud's conventional environment variable,
-in that order; a cloud without any is skipped (`MissingCredentials`), never half-built.
+derives from `ProviderSettings`; the registry (providers/__init__.py) names it, and
+gpuprov/config.py derives `[providers]` from the registry. Credentials come from the setting
+itself, a file it names, or the cloud's conventional environment variable, in that order; a
+cloud without any is skipped (`MissingCredentials`), never half-built.
 
 Every section also declares the cloud's timing hints (`TimingHints`: boot_timeout,
 delete_timeout, poll_interval, each with that cloud's own default); `capabilities_from` hands
@@ -13,11 +14,11 @@ them to the core in an adapter's `capabilities()`.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Protocol
 
-from pydantic import SecretStr
+from pydantic import BaseModel, SecretStr
 
 from providers.base import Capabilities, Model
 
@@ -34,6 +35,25 @@ class ProviderSettings(Model):
     # the job only after the node registered and reported compatible capabilities. Needs an
     # image with python3 and sshd, and the deployment's SSH key on the node.
     ssh_bootstrap: bool = False
+
+    def secret_values(self) -> list[str]:
+        """Every `SecretStr` value of this section, nested models, lists and tables included:
+        what an adapter's `secrets()` hands the core to scrub out of messages."""
+        return [value for value in _secrets_in(self) if value]
+
+
+def _secrets_in(value: object) -> Iterator[str]:
+    if isinstance(value, SecretStr):
+        yield value.get_secret_value().strip()
+    elif isinstance(value, BaseModel):
+        for name in type(value).model_fields:
+            yield from _secrets_in(getattr(value, name))
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _secrets_in(item)
+    elif isinstance(value, list | tuple | set | frozenset):
+        for item in value:
+            yield from _secrets_in(item)
 
 
 class ApiKeySettings(ProviderSettings):

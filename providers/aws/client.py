@@ -76,6 +76,15 @@ class Ec2Api:
         self._clients: dict[tuple[str, str], Any] = {}
         self._stack = AsyncExitStack()
         self._lock = asyncio.Lock()
+        self._chain_secrets: tuple[str, ...] = ()  # what the chain found, as of the last client
+
+    def secrets(self) -> tuple[str, ...]:
+        """The secret key and session token this API signs with: the core scrubs them out of
+        messages (the access key id is an identifier, and EC2 quotes it in its own errors)."""
+        keys = self._credentials
+        if keys is not None:
+            return tuple(value for value in (keys.secret_access_key, keys.session_token) if value)
+        return self._chain_secrets
 
     async def call(
         self, region: str, operation: str, ok_codes: frozenset[str] = frozenset(), **params: Any
@@ -172,7 +181,16 @@ class Ec2Api:
                 )
                 client = await self._stack.enter_async_context(creator)
                 self._clients[key] = client
+                if self._credentials is None:
+                    await self._remember_chain_secrets()
         return client
+
+    async def _remember_chain_secrets(self) -> None:
+        # What the session's chain found for the client just made (the SDK signs with it).
+        found = await self._session.get_credentials()
+        if found is not None:
+            frozen = await found.get_frozen_credentials()
+            self._chain_secrets = tuple(v for v in (frozen.secret_key, frozen.token) if v)
 
 
 def _next(token: str | None) -> dict[str, str]:

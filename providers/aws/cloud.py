@@ -52,7 +52,7 @@ from providers.base import (
     ResourceRequest,
     compatibility_reasons,
 )
-from providers.errors import ErrorKind, ProviderError
+from providers.errors import ErrorKind, ProviderError, redact
 from providers.settings import capabilities_from
 from providers.userdata import user_data
 
@@ -107,6 +107,9 @@ class AwsCloud(CloudProvider):
     async def aclose(self) -> None:
         await self._api.aclose()
 
+    def secrets(self) -> list[str]:
+        return [*self.config.secret_values(), *self._api.secrets()]
+
     # ------------------------------------------------------------------ plan
 
     async def plan(self, request: ResourceRequest) -> list[Offer]:
@@ -123,7 +126,8 @@ class AwsCloud(CloudProvider):
         errors: list[ProviderError] = []
         for region, answer in zip(regions, answers, strict=True):
             if isinstance(answer, ProviderError):
-                log.warning("aws: no offers from %s: %s", region, answer.message)
+                said = redact(answer.message, self.secrets())
+                log.warning("aws: no offers from %s: %s", region, said)
                 errors.append(answer)
             elif isinstance(answer, BaseException):
                 raise answer

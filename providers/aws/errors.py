@@ -33,7 +33,6 @@ T, C, Q, U, F, I, K = (  # noqa: E741  (short names keep the table readable)
 )
 
 _PARAMETER = re.compile(r"parameter ([A-Za-z0-9_.\[\]]+)")
-MAX_MESSAGE_CHARS = 1000  # an HTML error page from a proxy is not worth more
 
 CODES: dict[str, ErrorKind] = {
     # stockouts: block this offer, try the next
@@ -146,7 +145,7 @@ def from_client_error(error: boto.ClientError, operation: str) -> ProviderError:
     details = response.get("Error") or {}
     metadata = response.get("ResponseMetadata") or {}
     code = str(details.get("Code") or "")
-    message = str(details.get("Message") or "")[:MAX_MESSAGE_CHARS]
+    message = str(details.get("Message") or "")
     status = metadata.get("HTTPStatusCode")
     status = status if isinstance(status, int) else None
     kind = kind_for(code, status, operation)

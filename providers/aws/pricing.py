@@ -20,8 +20,8 @@ from datetime import UTC, datetime
 
 from providers.aws import parse
 from providers.aws.client import Ec2Api
-from providers.base import PriceQuote
-from providers.errors import ProviderError
+from providers.base import PriceQuote, price_quote
+from providers.errors import ProviderError, redact
 
 log = logging.getLogger(__name__)
 
@@ -68,12 +68,14 @@ class Prices:
                 StartTime=datetime.now(UTC),
             )
         except ProviderError as error:
-            log.warning("aws: no spot prices for %s: %s", region, error.message)
+            said = redact(error.message, self._api.secrets())
+            log.warning("aws: no spot prices for %s: %s", region, said)
             return {}
         now = datetime.now(UTC)
         return {
-            key: PriceQuote(amount=amount, source=SPOT_SOURCE, observed_at=now)
+            key: quote
             for key, amount in parse.spot_prices(history).items()
+            if (quote := price_quote(amount, source=SPOT_SOURCE, observed_at=now)) is not None
         }
 
     async def _on_demand_one(self, region: str, instance_type: str) -> PriceQuote | None:
@@ -98,10 +100,11 @@ class Prices:
                 ],
             )
         except ProviderError as error:
-            log.warning("aws: no on-demand price for %s in %s: %s", instance_type, region, error)
+            said = redact(error.message, self._api.secrets())
+            log.warning("aws: no on-demand price for %s in %s: %s", instance_type, region, said)
             return None, min(self._ttl, FAILED_LOOKUP_TTL)
         amount = parse.on_demand_price(entries, instance_type, region)
         if amount is None:
             return None, min(self._ttl, FAILED_LOOKUP_TTL)
-        quote = PriceQuote(amount=amount, source=ON_DEMAND_SOURCE, observed_at=datetime.now(UTC))
+        quote = price_quote(amount, source=ON_DEMAND_SOURCE, observed_at=datetime.now(UTC))
         return quote, self._ttl

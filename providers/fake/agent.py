@@ -8,8 +8,8 @@ import logging
 
 import httpx
 
-from gpuprov.config import FakeInstanceType
 from gpuprov.models import GpuInfo, WorkerCapabilities
+from providers.fake.config import FakeInstanceType
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,6 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
-from gpuprov.config import FakeInstanceType, FakeProviderConfig, FaultRule
 from providers.base import (
     Capabilities,
     CloudProvider,
@@ -37,9 +36,11 @@ from providers.base import (
     PriceQuote,
     ResourceRequest,
     SshEndpoint,
+    price_quote,
 )
 from providers.errors import ErrorKind, ProviderError
 from providers.fake.agent import register, simulated_capabilities
+from providers.fake.config import FakeInstanceType, FakeProviderConfig, FaultRule
 from providers.fake.state import FakeCloudState, InstanceRow
 from providers.settings import capabilities_from
 
@@ -63,6 +64,9 @@ class FakeCloud(CloudProvider):
             task.cancel()
         await asyncio.gather(*self._agents.values(), return_exceptions=True)
         self.state.close()
+
+    def secrets(self) -> list[str]:
+        return self.config.secret_values()
 
     # ------------------------------------------------------------------ primitives
 
@@ -271,9 +275,7 @@ def _matches(
 
 
 def _quote(amount: float | None) -> PriceQuote | None:
-    if amount is None:
-        return None
-    return PriceQuote(amount=amount, source=PRICE_SOURCE, observed_at=datetime.now(UTC))
+    return price_quote(amount, source=PRICE_SOURCE, observed_at=datetime.now(UTC))
 
 
 def _offer_order(offer: Offer) -> tuple[bool, float, str]:

@@ -23,6 +23,8 @@ from providers.gce.parse import Operation, read
 
 MAX_PAGES = 200  # a listing that never ends is a broken listing
 WAIT_CALL_SECONDS = 130.0  # operations.wait blocks up to about 2 minutes server-side
+# A token lives an hour; a message about a call made just before a refresh names the old one.
+TOKENS_KEPT = 4
 
 
 class GceClient:
@@ -39,6 +41,7 @@ class GceClient:
         self._base = base_url.rstrip("/")
         self._timeout = timeout
         self._http = http or httpx.AsyncClient(timeout=timeout)
+        self._issued: list[str] = []  # the latest access tokens, oldest first
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -73,7 +76,7 @@ class GceClient:
             raise ProviderError(ErrorKind.TRANSIENT, f"{action}: timed out") from None
         except httpx.HTTPError as error:
             raise ProviderError(
-                ErrorKind.TRANSIENT, f"{action}: {type(error).__name__}: {words(error)[:200]}"
+                ErrorKind.TRANSIENT, f"{action}: {type(error).__name__}: {words(error)}"
             ) from None
         data = _json(response)
         if response.status_code >= 400:
@@ -86,16 +89,23 @@ class GceClient:
         from google.auth import exceptions
 
         try:
-            return await self._tokens.token()
+            token = await self._tokens.token()
         except exceptions.RefreshError as error:
             raise ProviderError(
                 ErrorKind.CREDENTIALS,
-                f"{action}: cannot refresh the Google access token: {words(error)[:300]}",
+                f"{action}: cannot refresh the Google access token: {words(error)}",
             ) from None
         except (exceptions.TransportError, OSError) as error:
             raise ProviderError(
                 ErrorKind.TRANSIENT, f"{action}: token refresh failed: {type(error).__name__}"
             ) from None
+        if token not in self._issued:
+            self._issued = [*self._issued[1 - TOKENS_KEPT :], token]
+        return token
+
+    def secrets(self) -> tuple[str, ...]:
+        """The access tokens this client sent lately: the core scrubs them out of messages."""
+        return tuple(self._issued)
 
     async def pages(
         self, url: str, action: str, params: Mapping[str, Any] | None = None

@@ -104,6 +104,9 @@ class GceCloud(CloudProvider):
     async def aclose(self) -> None:
         await self.client.aclose()
 
+    def secrets(self) -> list[str]:
+        return [*self.config.secret_values(), *self.client.secrets()]
+
     def sweep_regions(self) -> list[str]:
         return self.config.regions
 
@@ -148,7 +151,6 @@ class GceCloud(CloudProvider):
         created = [instance_id(zone, name)]
         action = f"insert {name} in {zone}"
         body = instance_body(self.config, offer, prepared, spec, name)
-        secret = spec.bootstrap.join_token if spec.bootstrap else None
         try:
             path = f"zones/{zone}/instances"
             operation = await self._mutate("POST", path, action, zone, name, body)
@@ -163,9 +165,7 @@ class GceCloud(CloudProvider):
         except GceApiError as error:
             if error.exists:  # an earlier attempt made it: adopt, never a second machine
                 return created
-            raise _redacted(error, secret) from None
-        except ProviderError as error:
-            raise _redacted(error, secret) from None
+            raise
         # DONE without error, or still running after operation_timeout: the core observes.
         return created
 
@@ -338,15 +338,3 @@ def _raise_unless_ok(
     if error is None or (tolerate_exists and error.exists) or (tolerate_gone and error.gone):
         return
     raise error
-
-
-def _redacted(error: ProviderError, secret: str | None) -> ProviderError:
-    """The same error without the join token in its words (the cloud might echo metadata)."""
-    if not secret or secret not in error.message:
-        return error
-    return ProviderError(
-        error.kind,
-        error.message.replace(secret, "***"),
-        retry_after=error.retry_after,
-        block_scope=error.block_scope,
-    )

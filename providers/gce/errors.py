@@ -22,9 +22,7 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from providers.errors import ErrorKind, ProviderError
-
-MAX_WORDS = 600  # characters of the cloud's own words carried in one error
+from providers.errors import BlockScope, ErrorKind, ProviderError
 
 # errors[].reason of an HTTP error response.
 HTTP_REASONS: dict[str, ErrorKind] = {
@@ -105,7 +103,7 @@ class GceApiError(ProviderError):
         reasons: frozenset[str] = frozenset(),
         status: int | None = None,
         retry_after: float | None = None,
-        block_scope: str | None = None,
+        block_scope: BlockScope | None = None,
     ) -> None:
         super().__init__(kind, message, retry_after=retry_after, block_scope=block_scope)
         self.reasons = reasons
@@ -124,9 +122,8 @@ class GceApiError(ProviderError):
 
 
 def words(text: object) -> str:
-    """The cloud's words, as one bounded line."""
-    line = " ".join(str(text).split())
-    return line if len(line) <= MAX_WORDS else line[: MAX_WORDS - 3] + "..."
+    """The cloud's words, whole, on one line (the core scrubs secrets out, then shortens)."""
+    return " ".join(str(text).split())
 
 
 def _strongest(kinds: list[ErrorKind]) -> ErrorKind | None:
@@ -190,9 +187,9 @@ def _list(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-def _scope(kind: ErrorKind, entries: list[Mapping[str, Any]]) -> str | None:
+def _scope(kind: ErrorKind, entries: list[Mapping[str, Any]]) -> BlockScope | None:
     if kind is ErrorKind.QUOTA and GLOBAL_QUOTAS & _quota_names(entries):
-        return "provider"
+        return BlockScope.PROVIDER
     return None
 
 
@@ -229,7 +226,7 @@ def operation_error(error: object, http_status: object, action: str) -> GceApiEr
     if error is None:
         return None
     if not isinstance(error, Mapping):  # unreadable, but it says "error": assume the worst
-        error = {"errors": [{"code": "?", "message": words(error)[:200]}]}
+        error = {"errors": [{"code": "?", "message": words(error)}]}
     entries = [e for e in _list(error.get("errors")) if isinstance(e, Mapping)]
     codes = frozenset(str(e["code"]) for e in entries if isinstance(e.get("code"), str))
     known = [OPERATION_CODES[c] for c in codes if c in OPERATION_CODES]

@@ -24,8 +24,8 @@ import logging
 import time
 from datetime import UTC, datetime
 
-from providers.base import PriceQuote
-from providers.errors import ProviderError
+from providers.base import PriceQuote, price_quote
+from providers.errors import ProviderError, redact
 from providers.gce.client import GceClient
 from providers.gce.config import PriceComponent
 from providers.gce.parse import Sku, SkuList, read
@@ -68,7 +68,8 @@ class PriceBook:
                     if sku.skuId in wanted:
                         found[sku.skuId] = sku
         except ProviderError as error:
-            log.warning("GCE prices unavailable (offers stay unpriced): %s", error.message)
+            said = redact(error.message, self._client.secrets())
+            log.warning("GCE prices unavailable (offers stay unpriced): %s", said)
             return
         if missing := sorted(wanted - found.keys()):
             log.warning("GCE price SKUs not in the Billing Catalog: %s", ", ".join(missing))
@@ -91,8 +92,8 @@ class PriceBook:
             if len(rates) != 1:  # none serves this region, or several do: no reliable price
                 return None
             total += component.quantity * rates[0]
-        return PriceQuote(
-            amount=round(total, 6),
+        return price_quote(
+            round(total, 6),
             currency=CURRENCY,
             unit="hour",
             source=self.source,

@@ -3,8 +3,8 @@ unwrapped, every failure a classified ProviderError (providers/lambda/errors.py)
 
 Launches are paced: Lambda accepts one `POST /instance-operations/launch` per 12 s per account,
 so this client (one per adapter, no global state) starts launches at least
-`min_launch_interval` seconds apart. The API key is only ever in the Authorization header; any
-text the cloud sends back is scrubbed of it before it can reach an error message.
+`min_launch_interval` seconds apart. The API key is only ever in the Authorization header, and
+`secrets()` hands it to the core, which scrubs it out of any error text the cloud echoes.
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ from typing import Any
 
 import httpx
 
-from providers.errors import ProviderError
-
-from .errors import Op, classify, malformed, redacted, retry_after_seconds, transport_failure
+from .errors import Op, classify, malformed, retry_after_seconds, transport_failure
 
 API_PREFIX = "/api/v1"
 
@@ -83,14 +81,12 @@ class LambdaClient:
         try:
             response = await self._http.request(method, path, json=body)
         except httpx.HTTPError as error:
-            raise self._scrubbed(transport_failure(op, error)) from None
+            raise transport_failure(op, error) from None
         if response.is_success:
             return self._data(op, response) if read else None
         code, message, suggestion = _error_fields(response)
         retry_after = retry_after_seconds(response.headers.get("Retry-After"))
-        raise self._scrubbed(
-            classify(op, response.status_code, code, message, suggestion, retry_after)
-        )
+        raise classify(op, response.status_code, code, message, suggestion, retry_after)
 
     def _data(self, op: Op, response: httpx.Response) -> Any:
         try:
@@ -101,8 +97,8 @@ class LambdaClient:
             raise malformed(op, 'no "data" in the body')
         return payload["data"]
 
-    def _scrubbed(self, error: ProviderError) -> ProviderError:
-        return redacted(error, self._api_key)
+    def secrets(self) -> tuple[str, ...]:
+        return (self._api_key,)
 
 
 def _error_fields(response: httpx.Response) -> tuple[str | None, str | None, str | None]:

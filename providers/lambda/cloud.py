@@ -59,7 +59,7 @@ from providers.userdata import user_data
 from . import parse
 from .client import LambdaClient
 from .config import LambdaConfig
-from .errors import Gone, Op, redacted
+from .errors import Gone, Op
 
 MAX_PUBLIC_KEY = 4096  # Lambda's limit on an SSH public key
 MAX_USER_DATA = 1_000_000  # bytes; Lambda refuses user data over 1 MB
@@ -112,6 +112,9 @@ class LambdaCloud(CloudProvider):
     async def aclose(self) -> None:
         await self._client.aclose()
 
+    def secrets(self) -> list[str]:
+        return [*self.config.secret_values(), *self._client.secrets()]
+
     # ------------------------------------------------------------------ primitives
 
     async def plan(self, request: ResourceRequest) -> list[Offer]:
@@ -153,10 +156,7 @@ class LambdaCloud(CloudProvider):
         text = user_data(spec, max_bytes=MAX_USER_DATA, cloud="Lambda")
         if text is not None:
             body["user_data"] = text
-        try:
-            return parse.launched_ids(await self._client.launch(body))
-        except ProviderError as error:
-            raise redacted(error, spec.bootstrap.join_token if spec.bootstrap else None) from None
+        return parse.launched_ids(await self._client.launch(body))
 
     async def observe(self, location: Location, vm: str) -> list[Observed]:
         data = await self._client.get(Op.LIST_INSTANCES, "/instances")

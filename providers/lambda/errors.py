@@ -17,7 +17,6 @@ from enum import StrEnum
 from providers.errors import ErrorKind, ProviderError
 
 MAX_RETRY_AFTER = 3600.0  # seconds; a larger or nonsensical Retry-After is ignored
-MAX_TEXT = 500  # characters of the cloud's message kept in an error
 
 
 class Op(StrEnum):
@@ -52,6 +51,15 @@ CODE_KINDS: dict[str, ErrorKind] = {
     "firewall-rulesets/firewall-ruleset-in-use": ErrorKind.FAILED,
     "global/internal-error": ErrorKind.TRANSIENT,
 }
+# Per call: what differs from CODE_KINDS. Only a launch and a key upload carry the user's ask;
+# on every other call the parameters are this adapter's own (instance ids, none at all), so a
+# refusal of them is Failed: a teardown (terminate, the instance list it watches) then gets its
+# retry rounds and, failing those, a possible orphan for the reconciler, and a plan blocks the
+# provider, instead of InvalidRequest aborting the job or stopping its teardown.
+OUR_PARAMETERS = {"global/invalid-parameters": ErrorKind.FAILED}
+OP_CODE_KINDS: dict[Op, dict[str, ErrorKind]] = {
+    op: OUR_PARAMETERS for op in Op if op not in (Op.LAUNCH, Op.ADD_KEY)
+}
 # Codes from upstream providers: outages, unavailability (Lambda's own example is
 # `provider/internal-unavailable`, "Try again shortly").
 PREFIX_KINDS: dict[str, ErrorKind] = {"provider/": ErrorKind.TRANSIENT}
@@ -71,8 +79,8 @@ class Gone(ProviderError):
 def kind_for(op: Op, status: int, code: str | None) -> ErrorKind:
     """The ErrorKind of a failed call: by code first, then (unknown code) by HTTP status."""
     if code is not None:
-        if code in CODE_KINDS:
-            return CODE_KINDS[code]
+        if code in (table := {**CODE_KINDS, **OP_CODE_KINDS.get(op, {})}):
+            return table[code]
         for prefix, kind in PREFIX_KINDS.items():
             if code.startswith(prefix):
                 return kind
@@ -107,14 +115,14 @@ def malformed(op: Op, detail: str) -> ProviderError:
     """A success answer we cannot read. After a launch an instance may exist: Failed (the core
     tears down by identity); a read is retried (a truncated body, a proxy's page)."""
     kind = ErrorKind.FAILED if op is Op.LAUNCH else ErrorKind.TRANSIENT
-    return ProviderError(kind, f"Lambda {op.value}: unreadable answer: {_clip(detail)}")
+    return ProviderError(kind, f"Lambda {op.value}: unreadable answer: {_one_line(detail)}")
 
 
 def transport_failure(op: Op, error: Exception) -> ProviderError:
     """No answer at all (timeout, reset, DNS). Transient even on launch: the core's retried
     create observes by identity first and adopts an instance that did land."""
     return ProviderError(
-        ErrorKind.TRANSIENT, f"Lambda {op.value}: {type(error).__name__}: {_clip(str(error))}"
+        ErrorKind.TRANSIENT, f"Lambda {op.value}: {type(error).__name__}: {_one_line(str(error))}"
     )
 
 
@@ -139,29 +147,20 @@ def retry_after_seconds(header: str | None, now: datetime | None = None) -> floa
     return seconds
 
 
-def redacted(error: ProviderError, secret: str | None) -> ProviderError:
-    """The same error with `secret` (an API key, a join token) blanked out of its message,
-    should the cloud ever echo it back."""
-    if secret and secret in error.message:
-        error.message = error.message.replace(secret, "[redacted]")
-        error.args = (f"{error.kind.value}: {error.message}",)
-    return error
-
-
 def _words(
     op: Op, status: int, code: str | None, message: str | None, suggestion: str | None
 ) -> str:
     parts = [f"Lambda {op.value} -> HTTP {status}"]
     if code:
-        parts.append(_clip(code, 120))
+        parts.append(_one_line(code))
     if message:
-        parts.append(_clip(message))
+        parts.append(_one_line(message))
     text = ": ".join(parts)
     if suggestion:
-        text += f" ({_clip(suggestion)})"
+        text += f" ({_one_line(suggestion)})"
     return text
 
 
-def _clip(text: str, limit: int = MAX_TEXT) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+def _one_line(text: str) -> str:
+    """The cloud's words whole, on one line: the core scrubs secrets out, then shortens."""
+    return " ".join(text.split())

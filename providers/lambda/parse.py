@@ -28,6 +28,7 @@ from providers.base import (
     SshEndpoint,
     vm_label,
 )
+from providers.base import price_quote as stated_price
 
 from .errors import Op, malformed
 
@@ -287,7 +288,7 @@ def price_quote(cents: Any, observed_at: datetime) -> PriceQuote | None:
         return None
     if not 0 < cents <= MAX_PRICE_CENTS:
         return None
-    return PriceQuote(amount=cents / 100, source=PRICE_SOURCE, observed_at=observed_at)
+    return stated_price(cents / 100, source=PRICE_SOURCE, observed_at=observed_at)
 
 
 _GPU = re.compile(r"^(?P<model>[^()]*?)\s*(?:\((?P<inner>[^()]*)\))?\s*$")

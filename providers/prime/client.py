@@ -3,8 +3,8 @@
 Paths are written exactly as the vendor's OpenAPI document has them: collection paths end in a
 slash (`/api/v1/pods/`, `/api/v1/ssh_keys/`), item paths do not (`/api/v1/pods/{pod_id}`).
 Every failure leaves as a classified `ProviderError` (providers/prime/errors.py), or `PodGone`
-where a delete finds nothing to delete. The API key travels only in the Authorization header:
-it is never part of a message, a log line or a return value.
+where a delete finds nothing to delete. The API key travels only in the Authorization header;
+`secrets()` hands it to the core, which scrubs it out of any error text Prime echoes it in.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ class PrimeClient:
         timeout: float = 30.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
+        self._api_key = api_key
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
             headers={"Authorization": f"Bearer {api_key}", "Accept": "application/json"},
@@ -59,6 +60,9 @@ class PrimeClient:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+
+    def secrets(self) -> tuple[str, ...]:
+        return (self._api_key,)
 
     async def get(self, operation: str, path: str, params: Any = None) -> Any:
         return await self._call(operation, "GET", path, params=params)

@@ -4,9 +4,11 @@ Primitive -> API calls (paths exactly as in the vendor OpenAPI document; base
 `https://api.primeintellect.ai`, `Authorization: Bearer <key>`):
 - plan: `GET /api/v1/availability/gpus?page=N&page_size=100[&regions=..][&gpu_type=..]
   [&security=..]`, every page until `totalCount`; one Offer per item that is in stock, not
-  prepaid and offers the configured image. Price: the item's own `prices` (per pod-hour; see
-  parse.py), else None. `Offer.detail` keeps what create needs: cloudId, gpuType, socket,
-  gpuCount, upstream provider type, data centre, country, security, sizes.
+  prepaid, offers the configured image and has a `gpuCount` above 0 (create's PodRequestConfig
+  takes no other; an item with 0 is rejected here, with a logged reason). Price: the item's own
+  `prices` (per pod-hour; see parse.py), else None. `Offer.detail` keeps what create needs:
+  cloudId, gpuType, socket, gpuCount, upstream provider type, data centre, country, security,
+  sizes.
 - prepare: with `spec.ssh_public_key`, `GET /api/v1/ssh_keys/` (paginated) and, unless that key
   is already registered, `POST /api/v1/ssh_keys/ {name: gpuprov-key-<hash>, publicKey}`.
   Returns the image and the key id. Nothing else to prepare: Prime has no firewall or image
@@ -52,7 +54,7 @@ from providers.base import (
     ResourceRequest,
     gpu_model_matches,
 )
-from providers.errors import ErrorKind, ProviderError
+from providers.errors import BlockScope, ErrorKind, ProviderError
 from providers.prime.client import (
     AVAILABILITY_GPUS,
     PAGE_SIZE,
@@ -109,17 +111,24 @@ class PrimeCloud(CloudProvider):
     async def aclose(self) -> None:
         await self._client.aclose()
 
+    def secrets(self) -> list[str]:
+        return [*self.config.secret_values(), *self._client.secrets()]
+
     # ------------------------------------------------------------------ plan
 
     async def plan(self, request: ResourceRequest) -> list[Offer]:
         now = datetime.now(UTC)
         offers: dict[str, Offer] = {}
         skipped = 0
+        gpuless: list[str] = []
         async for raw in self._availability(request):
             try:
                 item = validated(GpuOffer, raw)
             except Unreadable:
                 skipped += 1
+                continue
+            if item.gpuCount <= 0:
+                gpuless.append(item.cloudId)
                 continue
             if not self._wanted(item):
                 continue
@@ -129,6 +138,13 @@ class PrimeCloud(CloudProvider):
                 offers[offer.id] = offer
         if skipped:
             log.warning("prime: skipped %d unreadable availability items", skipped)
+        if gpuless:
+            log.warning(
+                "prime: rejected %d availability items with gpuCount 0 (%s): a pod is created "
+                "with gpuCount > 0 (PodRequestConfig), so no such offer could be rented",
+                len(gpuless),
+                ", ".join(sorted(set(gpuless))[:5]),
+            )
         return sorted(offers.values(), key=_order)
 
     async def _availability(self, request: ResourceRequest) -> AsyncIterator[Any]:
@@ -179,7 +195,7 @@ class PrimeCloud(CloudProvider):
             raise ProviderError(
                 ErrorKind.UNAVAILABLE,
                 "Prime Intellect pods take no user data (no cloud-init or startup script)",
-                block_scope="provider",
+                block_scope=BlockScope.PROVIDER,
             )
         image = spec.image or self.config.image
         images = detail.get("images") or []

@@ -32,28 +32,26 @@ from typing import Any
 
 import httpx
 
-from providers.errors import ErrorKind, ProviderError
-
-MAX_DETAIL_CHARS = 500
+from providers.errors import BlockScope, ErrorKind, ProviderError
 
 # A "gone" answer to a delete: the pod is already gone, which delete treats as success.
 GONE = "gone"
 
 # (phrase inside the lower-cased detail, kind or GONE, block scope override). First match wins,
 # so the more specific phrases come first.
-DETAIL_TABLE: tuple[tuple[str, ErrorKind | str, str | None], ...] = (
+DETAIL_TABLE: tuple[tuple[str, ErrorKind | str, BlockScope | None], ...] = (
     # already gone (delete / get of a pod that no longer exists)
     ("pod not found", GONE, None),
     ("already terminated", GONE, None),
     ("already deleted", GONE, None),
     # account limits: the wallet and the team's limits are account-wide
-    ("insufficient balance", ErrorKind.QUOTA, "provider"),
-    ("insufficient funds", ErrorKind.QUOTA, "provider"),
-    ("not enough balance", ErrorKind.QUOTA, "provider"),
-    ("payment required", ErrorKind.QUOTA, "provider"),
-    ("quota", ErrorKind.QUOTA, "provider"),
-    ("limit exceeded", ErrorKind.QUOTA, "provider"),
-    ("maximum number of pods", ErrorKind.QUOTA, "provider"),
+    ("insufficient balance", ErrorKind.QUOTA, BlockScope.PROVIDER),
+    ("insufficient funds", ErrorKind.QUOTA, BlockScope.PROVIDER),
+    ("not enough balance", ErrorKind.QUOTA, BlockScope.PROVIDER),
+    ("payment required", ErrorKind.QUOTA, BlockScope.PROVIDER),
+    ("quota", ErrorKind.QUOTA, BlockScope.PROVIDER),
+    ("limit exceeded", ErrorKind.QUOTA, BlockScope.PROVIDER),
+    ("maximum number of pods", ErrorKind.QUOTA, BlockScope.PROVIDER),
     # stockouts: this offer has no machine left right now
     ("out of stock", ErrorKind.CAPACITY, None),
     ("no capacity", ErrorKind.CAPACITY, None),
@@ -80,8 +78,8 @@ DETAIL_TABLE: tuple[tuple[str, ErrorKind | str, str | None], ...] = (
 )
 
 # HTTP status -> (kind or GONE, block scope), consulted when no phrase matched.
-STATUS_TABLE: dict[int, tuple[ErrorKind | str, str | None]] = {
-    402: (ErrorKind.QUOTA, "provider"),  # Prime CLI: "Payment required ... billing status"
+STATUS_TABLE: dict[int, tuple[ErrorKind | str, BlockScope | None]] = {
+    402: (ErrorKind.QUOTA, BlockScope.PROVIDER),  # Prime CLI: "Payment required ... billing status"
     404: (GONE, None),
     410: (GONE, None),
     422: (ErrorKind.INVALID_REQUEST, None),  # vendor document: "Invalid request data"
@@ -93,22 +91,23 @@ class PodGone(Exception):
 
 
 def detail_text(body: Any) -> str:
-    """The cloud's own words from any of Prime's error shapes, or the raw text, shortened."""
+    """The cloud's own words from any of Prime's error shapes, or the raw text, whole (the core
+    scrubs secrets out, then shortens)."""
     if isinstance(body, Mapping):
         detail = body.get("detail")
         errors = body.get("errors")
         if isinstance(detail, str):
-            return _short(detail)
+            return _one_line(detail)
         if isinstance(detail, list):
-            return _short("; ".join(_validation_item(item) for item in detail))
+            return _one_line("; ".join(_validation_item(item) for item in detail))
         if isinstance(errors, list):
-            return _short("; ".join(_error_item(item) for item in errors))
+            return _one_line("; ".join(_error_item(item) for item in errors))
         for key in ("message", "error"):
             if isinstance(body.get(key), str):
-                return _short(body[key])
+                return _one_line(body[key])
     if isinstance(body, str):
-        return _short(body)
-    return _short(json.dumps(body, default=str)) if body is not None else ""
+        return _one_line(body)
+    return _one_line(json.dumps(body, default=str)) if body is not None else ""
 
 
 def _validation_item(item: Any) -> str:
@@ -125,9 +124,8 @@ def _error_item(item: Any) -> str:
     return str(item)
 
 
-def _short(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 3] + "..."
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
 
 
 def response_body(response: httpx.Response) -> Any:
@@ -156,7 +154,7 @@ def retry_after_seconds(headers: Mapping[str, str], now: float | None = None) ->
     return min(max(delta, 0.0), 3600.0)
 
 
-def lookup(status: int, detail: str) -> tuple[ErrorKind | str, str | None] | None:
+def lookup(status: int, detail: str) -> tuple[ErrorKind | str, BlockScope | None] | None:
     """The table's verdict for this status and detail, before the operation's defaults."""
     if status == 429:
         return ErrorKind.TRANSIENT, None

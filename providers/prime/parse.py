@@ -13,7 +13,6 @@ added for the sizes create will ask for. No price in the answer means no quote (
 
 from __future__ import annotations
 
-import math
 import re
 from datetime import datetime
 from typing import Any, TypeVar
@@ -27,6 +26,7 @@ from providers.base import (
     Offer,
     PriceQuote,
     SshEndpoint,
+    price_quote,
 )
 
 M = TypeVar("M", bound="BaseModel")
@@ -102,12 +102,19 @@ class PortMapping(_Api):
     usedBy: str | None = None
 
 
+# APIPodConfig's documented defaults: a pod that does not say is still being provisioned.
+DEFAULT_POD_STATUS = "PROVISIONING"
+DEFAULT_INSTALLATION_STATUS = "PENDING"
+
+
 class Pod(_Api):
-    """The APIPodConfig fields observe needs."""
+    """The APIPodConfig fields observe needs. `status` and `installationStatus` have documented
+    defaults (PROVISIONING, PENDING), so a pod without them (or with null) is not yet known:
+    Pending, never an unreadable answer."""
 
     id: str = Field(min_length=1)
     name: str
-    status: str
+    status: str | None = None
     installationStatus: str | None = None
     installationFailure: str | None = None
     installationProgress: int | None = None
@@ -168,7 +175,7 @@ def offer_price(item: GpuOffer, disk_gb: int | None, now: datetime) -> PriceQuot
         base = prices.communityPrice if prices.communityPrice is not None else prices.onDemand
     else:
         base = prices.onDemand if prices.onDemand is not None else prices.communityPrice
-    if base is None:
+    if base is None or base <= 0:  # 0 is no price (price_quote), whatever the extras add
         return None
     extras = [
         _extra(item.disk, disk_gb),
@@ -178,9 +185,7 @@ def offer_price(item: GpuOffer, disk_gb: int | None, now: datetime) -> PriceQuot
     if any(extra is None for extra in extras):
         return None
     amount = base + sum(extra for extra in extras if extra is not None)
-    if not math.isfinite(amount):
-        return None
-    return PriceQuote(amount=amount, currency=prices.currency, source=PRICE_SOURCE, observed_at=now)
+    return price_quote(amount, currency=prices.currency, source=PRICE_SOURCE, observed_at=now)
 
 
 def _extra(spec: SpecValue, requested: int | None) -> float | None:
@@ -287,7 +292,7 @@ def _first_values(value: str | list[str | None] | None) -> list[str]:
 
 def observed(pod: Pod) -> Observed | None:
     """The normalized state of one pod; None once it is TERMINATED (gone)."""
-    status = pod.status.upper()
+    status = (pod.status or DEFAULT_POD_STATUS).upper()
     install = (pod.installationStatus or "").upper()
     if status == "TERMINATED":
         return None
@@ -304,5 +309,5 @@ def observed(pod: Pod) -> Observed | None:
             id=pod.id, status=InstanceStatus.PENDING, message="ACTIVE, no SSH endpoint yet"
         )
     progress = f" {pod.installationProgress}%" if pod.installationProgress is not None else ""
-    words = f"{status}, installation {install or 'PENDING'}{progress}"
+    words = f"{status}, installation {install or DEFAULT_INSTALLATION_STATUS}{progress}"
     return Observed(id=pod.id, status=InstanceStatus.PENDING, message=words)

@@ -1,8 +1,9 @@
 """A small async client for the RunPod REST v2 calls gpuprov makes, over httpx.
 
 Every call returns the decoded JSON of a 2xx answer or raises a classified `ProviderError`
-(providers/runpod/errors.py). The API key travels only in the Authorization header and is
-scrubbed from every message, so it cannot reach a log or Temporal history.
+(providers/runpod/errors.py). The API key travels only in the Authorization header;
+`secrets()` hands it to the core, which scrubs it out of every message before a log or Temporal
+history sees one.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from urllib.parse import quote
 
 import httpx
 
-from providers.errors import ProviderError
 from providers.runpod.errors import (
     Operation,
     classify,
@@ -91,27 +91,20 @@ class RunPodClient:
     ) -> Any:
         what = f"{method} {path.split('?')[0]}"
         try:
-            try:
-                response = await self._http.request(method, path, params=params, json=body)
-            except httpx.HTTPError as error:
-                raise network_error(what, error) from None
-            if operation == "delete" and response.status_code == 404:
-                return GONE
-            if not response.is_success:
-                retry_after = parse_retry_after(response.headers.get("Retry-After"))
-                raise classify(operation, response.status_code, response.content, what, retry_after)
-            if response.status_code == 204 or not response.content:
-                return None
-            try:
-                return json.loads(response.content)
-            except (ValueError, RecursionError) as error:
-                raise unreadable(operation, what, f"not JSON ({type(error).__name__})") from None
-        except ProviderError as error:
-            raise self._scrubbed(error) from None
+            response = await self._http.request(method, path, params=params, json=body)
+        except httpx.HTTPError as error:
+            raise network_error(what, error) from None
+        if operation == "delete" and response.status_code == 404:
+            return GONE
+        if not response.is_success:
+            retry_after = parse_retry_after(response.headers.get("Retry-After"))
+            raise classify(operation, response.status_code, response.content, what, retry_after)
+        if response.status_code == 204 or not response.content:
+            return None
+        try:
+            return json.loads(response.content)
+        except (ValueError, RecursionError) as error:
+            raise unreadable(operation, what, f"not JSON ({type(error).__name__})") from None
 
-    def _scrubbed(self, error: ProviderError) -> ProviderError:
-        """The same error with the API key cut out of its message, should anything echo it."""
-        if not self._api_key or self._api_key not in error.message:
-            return error
-        message = error.message.replace(self._api_key, "***")
-        return ProviderError(error.kind, message, error.retry_after, error.block_scope)
+    def secrets(self) -> tuple[str, ...]:
+        return (self._api_key,)

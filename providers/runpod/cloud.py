@@ -45,7 +45,7 @@ from providers.base import (
     Offer,
     ResourceRequest,
 )
-from providers.errors import ErrorKind, ProviderError
+from providers.errors import ErrorKind, ProviderError, redact
 from providers.runpod import parse
 from providers.runpod.client import RunPodClient
 from providers.runpod.config import RunPodConfig
@@ -81,6 +81,9 @@ class RunPodCloud(CloudProvider):
 
     async def aclose(self) -> None:
         await self._client.aclose()
+
+    def secrets(self) -> list[str]:
+        return [*self.config.secret_values(), *self._client.secrets()]
 
     # ------------------------------------------------------------------ primitives
 
@@ -192,7 +195,7 @@ class RunPodCloud(CloudProvider):
         except ProviderError as error:
             if error.kind is ErrorKind.TRANSIENT:
                 raise
-            reason = error.message
+            reason = redact(error.message, self.secrets())
         except parse.BadResponse as error:
             reason = f"unreadable GET /v2/account/ssh-keys: {error}"
         log.warning("RunPod account SSH keys not added to the pod: %s", reason)

@@ -13,18 +13,28 @@ covers both "the request breaks a rule" and "no capacity", told apart only by th
 | condition | create | read | delete |
 | --- | --- | --- | --- |
 | a capacity phrase (usually a 400) | Capacity | - | - |
-| 401, 403 | Credentials | Credentials | Credentials |
+| 400 without one | Unavailable | Failed | Failed |
+| 401 | Credentials | Credentials | Credentials |
+| 403 | Unavailable | Credentials | Credentials |
 | 402 insufficient balance | Quota, block scope `provider` | same | same |
 | 408, 429 (Retry-After honoured) | Transient | Transient | Transient |
 | 5xx | Failed (a pod may exist) | Transient | Transient |
 | 404 | InvalidRequest | Failed | success (gone; see cloud.py) |
 | 409 (pod belongs to a cluster) | InvalidRequest | Failed | Failed |
-| 400, 422, any other 4xx | InvalidRequest | Failed | Failed |
+| 422, any other 4xx | InvalidRequest | Failed | Failed |
 | network error, timeout | Transient (the core observes and adopts) | Transient | Transient |
 | 2xx whose body cannot be read | Failed | Transient | - |
 
-403 on create: RunPod's createPod notes say it can also mean "no access to this pool"; a key
-without write scope answers the same way, so it stays Credentials (the job stops and says so).
+createPod's own table of "which failures are worth retrying" decides the two create rows that
+are not stops (api-reference-v2 openapi.json, POST /v2/pods):
+- 400, "The body matches the contract but was rejected — either it breaks a cross-field rule,
+  or this GPU and data center combination could not be placed", is "Try your next candidate":
+  Unavailable (nothing was created; the offer is blocked, the job fails over). A rule broken
+  on every candidate fails every offer, and the job's failure lists each one's `detail`, as the
+  document advises ("if *every* candidate returns `400`, read the last `detail` as a problem
+  with the request").
+- 403, "Your account cannot access the requested pool", is "Skip this candidate, keep going":
+  Unavailable too. A key without any access answers 401, which stays Credentials.
 """
 
 from __future__ import annotations
@@ -32,7 +42,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from providers.errors import ErrorKind, ProviderError
+from providers.errors import BlockScope, ErrorKind, ProviderError
 
 Operation = Literal["create", "read", "delete"]
 
@@ -44,18 +54,23 @@ CAPACITY_PHRASES: tuple[str, ...] = (
     "not enough free gpus on the host machine",
 )
 
-# status -> kind per operation; statuses not listed fall back to `_fallback`.
+# status -> kind per operation; statuses not listed fall back to `_fallback`. createPod's 400
+# ("Try your next candidate") and 403 ("Skip this candidate, keep going") fail over.
 STATUS_KINDS: dict[int, dict[Operation, ErrorKind]] = {
+    400: {"create": ErrorKind.UNAVAILABLE, "read": ErrorKind.FAILED, "delete": ErrorKind.FAILED},
     401: dict.fromkeys(("create", "read", "delete"), ErrorKind.CREDENTIALS),
-    403: dict.fromkeys(("create", "read", "delete"), ErrorKind.CREDENTIALS),
+    403: {
+        "create": ErrorKind.UNAVAILABLE,
+        "read": ErrorKind.CREDENTIALS,
+        "delete": ErrorKind.CREDENTIALS,
+    },
     402: dict.fromkeys(("create", "read", "delete"), ErrorKind.QUOTA),
     408: dict.fromkeys(("create", "read", "delete"), ErrorKind.TRANSIENT),
     429: dict.fromkeys(("create", "read", "delete"), ErrorKind.TRANSIENT),
 }
 # A 402 means the account has no balance: no RunPod offer can succeed, other clouds still can.
-BLOCK_SCOPES: dict[int, str] = {402: "provider"}
+BLOCK_SCOPES: dict[int, BlockScope] = {402: BlockScope.PROVIDER}
 
-MAX_DETAIL_CHARS = 600
 MAX_LISTED_ERRORS = 5
 
 
@@ -67,7 +82,7 @@ def _fallback(operation: Operation, status: int) -> ErrorKind:
 
 def problem_text(body: bytes) -> str:
     """The cloud's own words from an error body: `title: detail [errors]` of a problem+json
-    document, else the start of whatever text came back."""
+    document, else whatever text came back."""
     try:
         problem = json.loads(body)
     except (ValueError, RecursionError):
@@ -79,8 +94,8 @@ def problem_text(body: bytes) -> str:
             listed = "; ".join(str(item) for item in errors[:MAX_LISTED_ERRORS])
             parts.append(f"[{listed}]")
         if parts:
-            return _clip(": ".join(parts))
-    return _clip(body.decode("utf-8", errors="replace").strip() or "(empty body)")
+            return ": ".join(parts)
+    return body.decode("utf-8", errors="replace").strip() or "(empty body)"
 
 
 def classify(
@@ -119,7 +134,7 @@ def unreadable(operation: Operation, what: str, reason: str) -> ProviderError:
     """A 2xx whose body is not what the API documents. After create a pod may exist, so that
     is Failed (the core tears down by name); a read is simply tried again."""
     kind = ErrorKind.FAILED if operation == "create" else ErrorKind.TRANSIENT
-    return ProviderError(kind, f"RunPod answered {what} with an unreadable body: {_clip(reason)}")
+    return ProviderError(kind, f"RunPod answered {what} with an unreadable body: {reason}")
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -137,8 +152,4 @@ def parse_retry_after(value: str | None) -> float | None:
 
 def _describe(error: Exception) -> str:
     text = str(error).strip()
-    return f"{type(error).__name__}: {_clip(text)}" if text else type(error).__name__
-
-
-def _clip(text: str) -> str:
-    return text if len(text) <= MAX_DETAIL_CHARS else text[: MAX_DETAIL_CHARS - 3] + "..."
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__

@@ -8,7 +8,6 @@ top-level list raises `BadResponse`, which the client classifies.
 from __future__ import annotations
 
 import logging
-import math
 import re
 from datetime import datetime
 from typing import Any
@@ -23,6 +22,7 @@ from providers.base import (
     PriceQuote,
     SshEndpoint,
     gpu_model_matches,
+    price_quote,
 )
 
 log = logging.getLogger(__name__)
@@ -164,12 +164,9 @@ def offers_for(
 def _quote(per_gpu: float | None, count: int, observed_at: datetime) -> PriceQuote | None:
     """The catalog's per-GPU list price times the GPU count; None when RunPod gives none (a
     zero price is "not priced", never "free")."""
-    if per_gpu is None or per_gpu <= 0:
+    if per_gpu is None:
         return None
-    amount = per_gpu * count
-    if not math.isfinite(amount):
-        return None
-    return PriceQuote(amount=amount, source=PRICE_SOURCE, observed_at=observed_at)
+    return price_quote(per_gpu * count, source=PRICE_SOURCE, observed_at=observed_at)
 
 
 def _slug(text: str) -> str:

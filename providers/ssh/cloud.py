@@ -45,9 +45,9 @@ from providers.base import (
     Location,
     Observed,
     Offer,
-    PriceQuote,
     ResourceRequest,
     SshEndpoint,
+    price_quote,
 )
 from providers.errors import ErrorKind, ProviderError
 from providers.settings import MissingCredentials, capabilities_from
@@ -90,6 +90,9 @@ class SshMachines(CloudProvider):
 
     async def aclose(self) -> None:
         self._claims.close()
+
+    def secrets(self) -> list[str]:
+        return self.config.secret_values()
 
     # ------------------------------------------------------------------ primitives
 
@@ -282,11 +285,7 @@ class SshMachines(CloudProvider):
 
 
 def _offer(host: SshHost, now: datetime) -> Offer:
-    price = None
-    if host.price is not None:
-        price = PriceQuote(
-            amount=host.price, currency=host.currency, source=PRICE_SOURCE, observed_at=now
-        )
+    price = price_quote(host.price, currency=host.currency, source=PRICE_SOURCE, observed_at=now)
     return Offer(
         id=f"{PROVIDER_ID}/{host.region}/{host.name}",
         provider=PROVIDER_ID,

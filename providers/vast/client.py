@@ -9,7 +9,8 @@
 
 Paths keep their trailing slash, as the live API and Vast's per-endpoint OpenAPI files have
 them. The key travels only in the `Authorization: Bearer` header (never `?api_key=`, which would
-put it into URLs and so into exception texts), and is scrubbed from every error message.
+put it into URLs and so into exception texts); `secrets()` hands it to the core, which scrubs it
+out of every error message.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import httpx
 from providers.errors import ErrorKind, ProviderError
 from providers.vast import parse
 from providers.vast.config import VastMinIntervals
-from providers.vast.errors import Op, classify, is_gone, scrub
+from providers.vast.errors import Op, classify, is_gone
 
 PAGE_SIZE = 25  # the list endpoint's maximum
 MAX_PAGES = 400  # 10,000 instances: beyond that the answer is not one we can trust
@@ -76,7 +77,7 @@ class VastClient:
         timeout: float = 30.0,
         intervals: VastMinIntervals | None = None,
     ) -> None:
-        self._secrets = (api_key,)
+        self._api_key = api_key
         self._pacer = Pacer(intervals or VastMinIntervals())
         self._http = httpx.AsyncClient(
             base_url=base_url.rstrip("/"),
@@ -87,6 +88,9 @@ class VastClient:
     async def aclose(self) -> None:
         await self._http.aclose()
 
+    def secrets(self) -> tuple[str, ...]:
+        return (self._api_key,)
+
     # ------------------------------------------------------------------ the four calls
 
     async def search_offers(self, body: dict[str, Any]) -> list[Any]:
@@ -96,11 +100,7 @@ class VastClient:
             raise self._malformed(Op.SEARCH, f"offers is {type(offers).__name__}, not a list")
         return offers
 
-    async def create_instance(
-        self, ask_id: int, body: dict[str, Any], secrets: tuple[str, ...] = ()
-    ) -> CreateAnswer:
-        """`secrets`: values in the body (the join token) that an error echoing it must not
-        carry into a job's history."""
+    async def create_instance(self, ask_id: int, body: dict[str, Any]) -> CreateAnswer:
         response = await self._send(Op.CREATE, "PUT", f"/api/v0/asks/{ask_id}/", json=body)
         payload = _json_body(response)
         answer = payload if isinstance(payload, dict) else None
@@ -116,7 +116,7 @@ class VastClient:
                 return CreateAnswer(contract=contract, error=None)
             error = self._malformed(Op.CREATE, "success without a new_contract id")
             return CreateAnswer(contract=None, error=error)
-        error = self._error(Op.CREATE, response, answer, secrets)
+        error = self._error(Op.CREATE, response, answer)
         return CreateAnswer(contract=contract, error=error)
 
     async def list_instances(self, select_filters: dict[str, Any] | None = None) -> list[Any]:
@@ -172,7 +172,7 @@ class VastClient:
             # Timeouts and broken connections: retry. A create that landed is adopted by the
             # core (it observes by label before trying again).
             message = f"{op.value}: {type(error).__name__}: {error}"
-            raise ProviderError(ErrorKind.TRANSIENT, scrub(message, self._secrets)) from None
+            raise ProviderError(ErrorKind.TRANSIENT, message) from None
 
     async def _json(self, op: Op, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         """A successful call's JSON object; errors classified; unreadable is Transient (a cut
@@ -195,7 +195,6 @@ class VastClient:
         op: Op,
         response: httpx.Response,
         answer: dict[str, Any] | None,
-        secrets: tuple[str, ...] = (),
     ) -> ProviderError:
         return classify(
             op,
@@ -203,7 +202,6 @@ class VastClient:
             answer,
             _text(response),
             headers=dict(response.headers),
-            secrets=(*self._secrets, *secrets),
         )
 
     def _malformed(self, op: Op, what: str) -> ProviderError:
@@ -218,4 +216,4 @@ def _json_body(response: httpx.Response) -> Any:
 
 
 def _text(response: httpx.Response) -> str:
-    return response.content[:1000].decode("utf-8", errors="replace")
+    return response.content.decode("utf-8", errors="replace")

@@ -80,6 +80,9 @@ class VastCloud(CloudProvider):
     async def aclose(self) -> None:
         await self._client.aclose()
 
+    def secrets(self) -> list[str]:
+        return [*self.config.secret_values(), *self._client.secrets()]
+
     # ------------------------------------------------------------------ plan
 
     async def plan(self, request: ResourceRequest) -> list[Offer]:
@@ -131,8 +134,7 @@ class VastCloud(CloudProvider):
     async def create(self, offer: Offer, prepared: dict[str, Any], spec: InstanceSpec) -> list[str]:
         ask_id = launch.ask_id(offer, spec.node_index, self._taken.recent())
         body = launch.create_body(self.config, offer, spec)
-        secrets = (spec.bootstrap.join_token,) if spec.bootstrap is not None else ()
-        answer = await self._client.create_instance(ask_id, body, secrets)
+        answer = await self._client.create_instance(ask_id, body)
         if answer.error is None and answer.contract is not None:
             return [str(answer.contract)]
         error = answer.error or ProviderError(ErrorKind.FAILED, "create instance: no answer")

@@ -15,13 +15,12 @@ import email.utils
 import math
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from enum import StrEnum
 from typing import Any
 
-from providers.errors import ErrorKind, ProviderError
+from providers.errors import BlockScope, ErrorKind, ProviderError
 
-MAX_MESSAGE_CHARS = 500
 MAX_RETRY_AFTER = 300.0
 
 
@@ -62,7 +61,7 @@ OP_CODES: dict[Op, dict[str, ErrorKind]] = {
     op: dict.fromkeys(_OURS, ErrorKind.FAILED) for op in (Op.SEARCH, Op.LIST, Op.DESTROY)
 }
 # Codes with a wider block than the policy's default for their kind.
-BLOCK_SCOPES: dict[str, str] = {"insufficient_balance": "provider"}
+BLOCK_SCOPES: dict[str, BlockScope] = {"insufficient_balance": BlockScope.PROVIDER}
 # Destroying an instance that is already gone is success (destroy_instance.yaml 404 not_found;
 # no_such_instance from the instance endpoints).
 GONE_CODES: frozenset[str] = frozenset({"not_found", "no_such_instance"})
@@ -102,7 +101,6 @@ def classify(
     payload: Mapping[str, Any] | None,
     text: str,
     headers: Mapping[str, str] | None = None,
-    secrets: Iterable[str] = (),
 ) -> ProviderError:
     """The ProviderError for one failed call, with Vast's own words in the message."""
     codes = error_codes(payload)
@@ -116,7 +114,7 @@ def classify(
         message += f": {words}"
     return ProviderError(
         kind,
-        scrub(message, secrets),
+        message,
         retry_after=retry_after(headers) if kind is ErrorKind.TRANSIENT else None,
         block_scope=BLOCK_SCOPES.get(code or ""),
     )
@@ -153,13 +151,3 @@ def retry_after(headers: Mapping[str, str] | None) -> float | None:
     if not math.isfinite(seconds):
         return None
     return min(max(seconds, 0.0), MAX_RETRY_AFTER)
-
-
-def scrub(message: str, secrets: Iterable[str]) -> str:
-    """The message without any secret in it, cut to a size that suits a job's history."""
-    for secret in secrets:
-        if secret:
-            message = message.replace(secret, "<redacted>")
-    if len(message) > MAX_MESSAGE_CHARS:
-        message = message[: MAX_MESSAGE_CHARS - 3] + "..."
-    return message

@@ -1,9 +1,11 @@
 """Building Vast.ai request bodies: the offer search and the create call.
 
 Field names and limits are from Vast's OpenAPI files (search_offers.yaml, create_instance.yaml):
-`order` must hold exactly two `[field, direction]` pairs; `type` is `ondemand` (the docs'
-example says `on-demand`, the schema's enum wins); `onstart` and `args` together are at most
-4,096 characters; each `env` entry is at most 256.
+`order` must hold exactly two `[field, direction]` pairs; `onstart` and `args` together are at
+most 4,096 characters; each `env` entry is at most 256. `type` is `on-demand`: what Vast's own
+client sends (vast-ai/vast-cli, `vastai/api/offers.py` `search_offers`, whose `offer_type` is
+"One of 'on-demand', 'reserved', or 'bid'", default 'on-demand') and what search_offers.yaml's
+own request example sends; only that file's enum spells it `ondemand`.
 
 How a machine gets what the core hands over, since Vast runs Docker containers, not VMs with
 cloud-init:
@@ -23,7 +25,7 @@ from collections.abc import Collection
 from typing import Any
 
 from providers.base import InstanceSpec, NodeBootstrap, Offer, ResourceRequest
-from providers.errors import ErrorKind, ProviderError
+from providers.errors import BlockScope, ErrorKind, ProviderError
 from providers.vast.config import VastConfig, normalise_gpu
 from providers.vast.parse import number
 
@@ -33,6 +35,9 @@ MAX_LABEL_CHARS = 256
 MAX_ASKS_PER_OFFER = 16  # nodes one offer can place on distinct listings
 USER_DATA_PATH = "/root/gpuprov-user-data"
 USER_DATA_LOG = "/var/log/gpuprov-user-data.log"
+
+# The search's on-demand `type` (see the module docstring for why this spelling).
+ON_DEMAND = "on-demand"
 
 
 def runtype(config: VastConfig) -> str:
@@ -70,7 +75,7 @@ def search_body(
     body: dict[str, Any] = {
         "rentable": {"eq": True},
         "rented": {"eq": False},
-        "type": "ondemand",
+        "type": ON_DEMAND,
         "order": [["dph_total", "asc"], ["id", "asc"]],
         "limit": config.search_limit,
         # dph_total then includes storage for the disk create will ask for.
@@ -107,7 +112,7 @@ def check_spec(spec: InstanceSpec) -> None:
         raise ProviderError(
             ErrorKind.UNAVAILABLE,
             "Vast runs containers without cloud-init: user_data must be a shell script",
-            block_scope="provider",
+            block_scope=BlockScope.PROVIDER,
         )
     length = len(onstart_script(spec) or "")
     if length > MAX_ONSTART_CHARS:
@@ -115,7 +120,7 @@ def check_spec(spec: InstanceSpec) -> None:
             ErrorKind.UNAVAILABLE,
             f"user_data and SSH key make an onstart script of {length} characters; "
             f"Vast allows {MAX_ONSTART_CHARS}",
-            block_scope="provider",
+            block_scope=BlockScope.PROVIDER,
         )
 
 

@@ -21,6 +21,7 @@ from providers.base import (
     Offer,
     PriceQuote,
     SshEndpoint,
+    price_quote,
 )
 
 PROVIDER_ID = "vast"
@@ -167,9 +168,7 @@ def _price(listing: dict[str, Any], observed_at: datetime) -> PriceQuote | None:
     """`dph_total`: the listing's live $/hour for the whole rental, including storage for the
     disk size the search was told (`allocated_storage`); bandwidth is billed on top."""
     amount = _non_negative(listing.get("dph_total"))
-    if amount is None:
-        return None
-    return PriceQuote(amount=amount, source=PRICE_SOURCE, observed_at=observed_at)
+    return price_quote(amount, source=PRICE_SOURCE, observed_at=observed_at)
 
 
 # ------------------------------------------------------------------ instances

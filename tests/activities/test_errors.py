@@ -120,7 +120,8 @@ def test_classified_turns_a_provider_error_into_an_application_error() -> None:
     assert caught.value.type == "Capacity"
     assert caught.value.non_retryable is True
     assert caught.value.details == ({"block_scope": "offer"},)
-    assert caught.value.__cause__ is cause
+    assert caught.value.__cause__ is None  # history would record the cause's text again
+    assert caught.value.message == cause.message
 
 
 def test_classified_keeps_transient_retryable() -> None:

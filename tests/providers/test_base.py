@@ -4,11 +4,11 @@ CloudProvider.diagnose derived from observe (exercised through the fake cloud)."
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
-from gpuprov.config import FakeInstanceType, FakeProviderConfig, FakeRegion, FaultRule
 from providers.base import (
     Diagnosis,
     Finding,
@@ -20,9 +20,11 @@ from providers.base import (
     Severity,
     Verdict,
     compatibility_reasons,
+    price_quote,
     vm_label,
 )
 from providers.fake import FakeCloud
+from providers.fake.config import FakeInstanceType, FakeProviderConfig, FakeRegion, FaultRule
 
 
 def offer(**overrides: Any) -> Offer:
@@ -342,3 +344,13 @@ async def test_diagnose_changes_nothing() -> None:
 def test_vm_label_prefixes_the_identity() -> None:
     assert vm_label("train-a1-n0") == "gpuprov-train-a1-n0"
     assert spec("train-a1-n0").label == "gpuprov-train-a1-n0"
+
+
+@pytest.mark.parametrize("amount", [None, 0, 0.0, -1.5, float("nan"), float("inf")])
+def test_a_price_that_is_absent_zero_negative_or_not_a_number_is_no_quote(amount):
+    assert price_quote(amount, source="s", observed_at=datetime.now(UTC)) is None
+
+
+def test_a_positive_price_is_quoted_as_stated():
+    quote = price_quote(2.5, currency="EUR", source="GET /x", observed_at=datetime.now(UTC))
+    assert quote is not None and (quote.amount, quote.currency, quote.unit) == (2.5, "EUR", "hour")

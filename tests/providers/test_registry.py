@@ -4,17 +4,23 @@
 from __future__ import annotations
 
 import tempfile
+from typing import Any
 
+import pytest
 from pydantic import SecretStr
 from temporalio.client import Client
 
+import providers
+from gpuprov import config
 from gpuprov.client import GpuprovClient
-from gpuprov.config import FakeProviderConfig, ProvidersSettings, load_settings
+from gpuprov.config import ConfigError, ProvidersSettings, load_settings
 from gpuprov.engine import build_worker, open_records
-from providers import PROVIDER_IDS, build_all
+from providers import PROVIDER_IDS, Cloud, build_all
 from providers.base import ResourceRequest
 from providers.fake import FakeCloud
+from providers.fake.config import FakeProviderConfig
 from providers.runpod.config import RunPodConfig
+from providers.settings import ApiKeySettings, MissingCredentials
 from tests.helpers import fast_cloud
 from workflows.offers import OffersQuery
 
@@ -26,6 +32,52 @@ def test_every_registered_cloud_has_a_config_section() -> None:
             field.alias == provider_id for field in ProvidersSettings.model_fields.values()
         ), provider_id
         assert settings.section(provider_id) is None  # absent unless configured
+
+
+class AcmeConfig(ApiKeySettings):
+    """A cloud that exists only in this test: its section, as providers/acme/config.py."""
+
+    region: str = "moon-1"
+
+
+class AcmeCloud:
+    """Its adapter, as providers/acme/cloud.py (only the constructor matters here)."""
+
+    def __init__(self, section: AcmeConfig, **_: Any) -> None:
+        self.key = section.resolve_api_key("ACME_API_KEY", environ={})
+        self.region = section.region
+
+
+ACME = Cloud("tests.providers.test_registry:AcmeCloud", "tests.providers.test_registry:AcmeConfig")
+
+
+def test_a_registry_line_is_all_a_new_cloud_needs_to_be_configured_and_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(providers.CLOUDS, "acme", ACME)
+    settings_model = config._providers_settings()
+    sections = settings_model.model_validate({"acme": {"api_key": "k-1", "region": "mars-2"}})
+    built = build_all(sections)
+    acme = built.providers["acme"]
+    assert isinstance(acme, AcmeCloud)
+    assert (acme.key, acme.region) == ("k-1", "mars-2")
+    assert sections.enabled_ids() == ["acme"]
+    with pytest.raises(MissingCredentials):
+        AcmeCloud(AcmeConfig())
+
+
+def test_an_unknown_provider_section_is_still_named_in_the_error() -> None:
+    with pytest.raises(ConfigError, match=r"providers\.acme: Extra inputs are not permitted"):
+        load_settings(env={"GPUPROV_PROVIDERS__ACME__API_KEY": "k"})
+
+
+def test_env_overrides_reach_every_registered_section() -> None:
+    env = {f"GPUPROV_PROVIDERS__{pid.upper()}__ENABLED": "false" for pid in PROVIDER_IDS}
+    env["GPUPROV_PROVIDERS__GCE__PROJECT"] = "p"  # the one section with a required setting
+    sections = load_settings(env=env).providers
+    for provider_id in PROVIDER_IDS:
+        section = sections.section(provider_id)
+        assert section is not None and section.enabled is False, provider_id
 
 
 async def test_a_cloud_without_credentials_is_skipped_with_the_way_to_supply_them() -> None:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import importlib
 
 import pytest
+from pydantic import SecretStr
 
-from providers.settings import capabilities_from
+from providers.base import Model
+from providers.settings import ApiKeySettings, capabilities_from
 
 # (config module, class, required fields, the section's default boot / delete / poll seconds)
 DEFAULTS = [
@@ -35,3 +37,25 @@ def test_configured_timings_and_what_the_cloud_cannot_do_are_carried():
     hints = capabilities_from(config, unsupported=("spot", "user_data"), node_agent=True)
     assert (hints.boot_timeout, hints.delete_timeout, hints.poll_interval) == (61.5, 7.0, 0.25)
     assert hints.unsupported == ["spot", "user_data"] and hints.node_agent is True
+
+
+class _Vault(Model):
+    token: SecretStr
+    note: str = "not a secret"
+
+
+class _Section(ApiKeySettings):
+    """A section with secrets at every depth a config can have them."""
+
+    vaults: list[_Vault] = []
+    by_name: dict[str, _Vault] = {}
+
+
+def test_secret_values_are_every_secret_of_a_section_at_any_depth():
+    section = _Section(
+        api_key=SecretStr(" top-level-key "),
+        vaults=[_Vault(token=SecretStr("in-a-list"))],
+        by_name={"a": _Vault(token=SecretStr("in-a-table")), "b": _Vault(token=SecretStr(""))},
+    )
+    assert section.secret_values() == ["top-level-key", "in-a-list", "in-a-table"]
+    assert _Section().secret_values() == []

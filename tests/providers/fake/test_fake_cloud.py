@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from gpuprov.config import FakeInstanceType, FakeProviderConfig, FakeRegion, FaultRule
 from providers.base import InstanceSpec, InstanceStatus, Location, Offer, ResourceRequest
 from providers.errors import ErrorKind, ProviderError
 from providers.fake import FakeCloud
+from providers.fake.config import FakeInstanceType, FakeProviderConfig, FakeRegion, FaultRule
 
 BOOT = 0.15  # generous: Pending must still hold on a loaded machine
 DELETE = 0.15
@@ -113,6 +113,12 @@ async def test_price_is_a_simulated_usd_hourly_quote() -> None:
 async def test_price_is_none_when_the_catalogue_has_none() -> None:
     offer = await offer_by_id(FakeCloud(config()), "fake/r2-a/mystery")
     assert offer.price is None
+
+
+async def test_a_catalogue_price_of_zero_is_no_price_as_on_every_cloud() -> None:
+    free = FakeInstanceType(name="gpu8", gpu="H100", gpu_count=8, price=0.0, spot_price=0.0)
+    offers = await FakeCloud(config(instance_types=[free])).plan(ResourceRequest())
+    assert offers and all(o.price is None for o in offers)
 
 
 async def test_plan_sorts_cheapest_first_ties_by_id_unpriced_last() -> None:

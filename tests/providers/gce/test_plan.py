@@ -318,3 +318,10 @@ async def test_google_tokens_refresh_in_a_thread_through_the_httpx_transport():
     assert len(credentials.refreshed_in) == 1
     assert credentials.refreshed_in[0] != threading.current_thread().name
     await tokens.aclose()
+
+
+async def test_a_sku_priced_at_zero_gives_no_price(api, make):
+    free = gpu_sku(GPU_SKU_AMERICAS, ["us-central1"], 0.0, "Americas")
+    api.get(url__startswith=SKUS).mock(return_value=httpx.Response(200, json={"skus": [free]}))
+    offers = {o.id: o.price for o in await make().plan(ResourceRequest())}
+    assert offers["gce/us-central1-a/a3-highgpu-8g"] is None

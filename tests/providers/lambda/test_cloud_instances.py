@@ -11,6 +11,7 @@ import logging
 import httpx
 import pytest
 
+from activities.cloud import CloudActivities, VmInput
 from providers.base import (
     InstanceSpec,
     InstanceStatus,
@@ -21,6 +22,8 @@ from providers.base import (
     Verdict,
 )
 from providers.errors import ErrorKind, ProviderError
+from tests.providers.scrubbing import activity_failure
+from workflows.policy import Failure, Stage, decide
 
 from . import fixtures as fx
 from .fake_lambda import FakeLambda
@@ -271,6 +274,24 @@ async def test_delete_with_a_revoked_key_is_credentials(account, cloud):
     with pytest.raises(ProviderError) as caught:
         await cloud.delete(EAST, VM, ["x"])
     assert caught.value.kind is ErrorKind.CREDENTIALS
+
+
+@pytest.mark.parametrize("route", ["terminate", "list"])
+async def test_invalid_parameters_during_a_teardown_is_failed_so_the_teardown_gets_its_rounds(
+    account, cloud, route
+):
+    # The vendor document's 400 for both calls is ApiErrorInvalidParameters; the parameters are
+    # ours (instance ids), so the teardown is retried, not stopped as if the job's ask were bad.
+    refusal = httpx.Response(400, json=fx.INVALID_PARAMETERS)
+    if route == "terminate":
+        account.router.post("/instance-operations/terminate").mock(return_value=refusal)
+    else:
+        account.router.get("/instances").mock(return_value=refusal)
+    activities = CloudActivities({"lambda": cloud})
+    failure = await activity_failure(activities.retire, VmInput(location=EAST, vm=VM, ids=["x"]))
+    assert failure.type == ErrorKind.FAILED.value
+    assert "global/invalid-parameters" in failure.message
+    assert decide(Failure(ErrorKind(failure.type), Stage.TEARDOWN, rounds_done=1)).retry
 
 
 # ---------------------------------------------------------------- diagnose

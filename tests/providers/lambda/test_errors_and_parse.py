@@ -51,6 +51,17 @@ def test_not_found_on_get_terminate_and_key_delete_is_gone(op, body):
     assert isinstance(errors.classify(op, 404, **body["error"]), errors.Gone)
 
 
+@pytest.mark.parametrize("op", [op for op in Op if op not in (Op.LAUNCH, Op.ADD_KEY)])
+def test_invalid_parameters_on_a_call_that_carries_only_our_own_parameters_is_failed(op):
+    assert errors.classify(op, 400, **fx.INVALID_PARAMETERS["error"]).kind is ErrorKind.FAILED
+
+
+@pytest.mark.parametrize("op", [Op.LAUNCH, Op.ADD_KEY])
+def test_invalid_parameters_on_a_call_that_carries_the_jobs_ask_is_invalid_request(op):
+    error = errors.classify(op, 400, **fx.INVALID_PARAMETERS["error"])
+    assert error.kind is ErrorKind.INVALID_REQUEST
+
+
 def test_not_found_on_launch_is_invalid_request_not_gone():
     error = errors.classify(Op.LAUNCH, 404, **fx.LAUNCH_RESOURCE_MISSING["error"])
     assert error.kind is ErrorKind.INVALID_REQUEST and not isinstance(error, errors.Gone)

@@ -1,6 +1,6 @@
 """Hostile answers (truncated, wrong types, missing fields, huge numbers, any status, a body
-that echoes the API key) become a classified ProviderError or a well-formed result, never
-another exception, and never carry the key."""
+that echoes the API key) become a well-formed result or, through the activities' scrubbing, a
+classified failure that never carries the key: never another exception."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from typing import Any
 import httpx
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from temporalio.exceptions import ApplicationError
 
+from activities.redaction import scrubbed
 from providers.base import (
     Diagnosis,
     InstanceSpec,
@@ -20,10 +22,12 @@ from providers.base import (
     Offer,
     ResourceRequest,
 )
-from providers.errors import ProviderError
+from providers.errors import ErrorKind
 
 from . import fixtures as fx
 from .fake_lambda import LambdaCloud, LambdaConfig
+
+KINDS = {kind.value for kind in ErrorKind}
 
 VM = "train-a1-n0-abc123"
 EAST = Location(provider="lambda", region="us-east-3")
@@ -131,25 +135,31 @@ async def run(primitive: str, answer: httpx.Response) -> Any:
     config = LambdaConfig(base_url=fx.BASE_URL, min_launch_interval=0, ssh_key_name="ops-team")
     cloud = LambdaCloud(config, api_key=fx.API_KEY, transport=httpx.MockTransport(reply))
     try:
-        if primitive == "plan":
-            result = await cloud.plan(ResourceRequest())
-            assert all(isinstance(o, Offer) for o in result)
-        elif primitive == "observe":
-            result = await cloud.observe(EAST, VM)
-            assert all(isinstance(o, Observed) for o in result)
-            listing = await cloud.observe_region(EAST)
-            assert all(isinstance(o, Observed) for found in listing.values() for o in found)
-            assert isinstance(await cloud.diagnose(EAST, VM), Diagnosis)
-        elif primitive == "create":
-            ids = await cloud.create(OFFER, PREPARED, SPEC)
-            assert ids and all(isinstance(i, str) and i for i in ids)
-        elif primitive == "keys":
-            await cloud.prepare(OFFER, SPEC)
-            await cloud.cleanup(EAST, VM)
-        else:
-            await cloud.delete(EAST, VM, ["i1", "i2"])
+        with scrubbed(cloud, spec=SPEC):  # as the activities run every primitive
+            return await _call(cloud, primitive)
     finally:
         await cloud.aclose()
+
+
+async def _call(cloud: Any, primitive: str) -> Any:
+    if primitive == "plan":
+        result = await cloud.plan(ResourceRequest())
+        assert all(isinstance(o, Offer) for o in result)
+    elif primitive == "observe":
+        result = await cloud.observe(EAST, VM)
+        assert all(isinstance(o, Observed) for o in result)
+        listing = await cloud.observe_region(EAST)
+        assert all(isinstance(o, Observed) for found in listing.values() for o in found)
+        assert isinstance(await cloud.diagnose(EAST, VM), Diagnosis)
+    elif primitive == "create":
+        ids = await cloud.create(OFFER, PREPARED, SPEC)
+        assert ids and all(isinstance(i, str) and i for i in ids)
+    elif primitive == "keys":
+        await cloud.prepare(OFFER, SPEC)
+        await cloud.cleanup(EAST, VM)
+    else:
+        await cloud.delete(EAST, VM, ["i1", "i2"])
+    return None
 
 
 def _with(primitive: str, *changes: tuple[tuple, Any]) -> httpx.Response:
@@ -201,9 +211,11 @@ def hostile(primitive: str, answers):
     async def test(answer: httpx.Response) -> None:
         try:
             await run(primitive, answer)
-        except ProviderError as error:
-            assert fx.API_KEY not in str(error) and fx.API_KEY not in error.message
-            assert error.retry_after is None or 0 <= error.retry_after <= 3600
+        except ApplicationError as failure:
+            assert failure.type in KINDS  # classified: no other exception escapes
+            assert fx.API_KEY not in failure.message
+            delay = failure.next_retry_delay
+            assert delay is None or 0 <= delay.total_seconds() <= 3600
 
     if answers is success:
         for answer in EXAMPLES[primitive]:

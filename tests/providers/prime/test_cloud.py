@@ -21,7 +21,7 @@ from providers.base import (
     Offer,
     ResourceRequest,
 )
-from providers.errors import ErrorKind, ProviderError
+from providers.errors import BlockScope, ErrorKind, ProviderError
 from providers.prime.cloud import PrimeCloud
 from providers.prime.config import PrimeConfig
 from providers.settings import MissingCredentials
@@ -193,6 +193,24 @@ async def test_plan_skips_unreadable_items_but_keeps_the_rest():
     ]
 
 
+@pytest.mark.parametrize("gpu_type", ["H100_80GB", "CPU_NODE"])
+async def test_plan_rejects_items_with_no_gpu_since_create_needs_gpu_count_above_0(
+    gpu_type, caplog
+):
+    # GpuAvailability.gpuCount is a bare integer; PodRequestConfig.gpuCount has
+    # exclusiveMinimum 0, so an item with 0 could only ever fail at prepare or create.
+    gpuless = {**bodies.HYPERSTACK_H100, "cloudId": "n3-none", "gpuType": gpu_type, "gpuCount": 0}
+    page = bodies.availability(gpuless, bodies.RUNPOD_H100, total=2)
+    adapter = await with_transport(
+        static(("GET", "/api/v1/availability/gpus", httpx.Response(200, json=page)))
+    )
+    with caplog.at_level("WARNING", logger="providers.prime.cloud"):
+        offers = await adapter.plan(ResourceRequest(gpus_per_node=0))
+    assert [o.detail["cloud_id"] for o in offers] == ["NVIDIA H100 PCIe"]
+    assert all(o.detail["gpu_count"] > 0 for o in offers)
+    assert "rejected 1 availability items with gpuCount 0 (n3-none)" in caplog.text
+
+
 async def test_duplicate_offers_keep_the_cheapest():
     dearer = {**bodies.RUNPOD_H100, "prices": {"onDemand": 9.0, "currency": "USD"}}
     page = bodies.availability(dearer, bodies.RUNPOD_H100)
@@ -296,7 +314,7 @@ async def test_prepare_refuses_an_image_the_offer_lacks(cloud):
 async def test_prepare_refuses_user_data_for_the_whole_provider(cloud):
     offer = await offer_named(cloud, "n3-H100x1")
     error = await failure(cloud.prepare(offer, spec(user_data="#cloud-config\n")))
-    assert (error.kind, error.block_scope) == (ErrorKind.UNAVAILABLE, "provider")
+    assert (error.kind, error.block_scope) == (ErrorKind.UNAVAILABLE, BlockScope.PROVIDER)
 
 
 async def test_prepare_refuses_an_offer_it_did_not_make(cloud):
@@ -355,8 +373,12 @@ async def test_create_does_not_send_the_bootstrap_secret(cloud, prime):
     ("response", "kind", "scope"),
     [
         (httpx.Response(400, json=bodies.STOCKOUT), ErrorKind.CAPACITY, None),
-        (httpx.Response(402, json={"detail": "Payment required"}), ErrorKind.QUOTA, "provider"),
-        (httpx.Response(400, json=bodies.NO_BALANCE), ErrorKind.QUOTA, "provider"),
+        (
+            httpx.Response(402, json={"detail": "Payment required"}),
+            ErrorKind.QUOTA,
+            BlockScope.PROVIDER,
+        ),
+        (httpx.Response(400, json=bodies.NO_BALANCE), ErrorKind.QUOTA, BlockScope.PROVIDER),
         (httpx.Response(401, json=bodies.UNAUTHORIZED), ErrorKind.CREDENTIALS, None),
         (httpx.Response(422, json=bodies.VALIDATION), ErrorKind.INVALID_REQUEST, None),
         (httpx.Response(500, json={"detail": "Internal Server Error"}), ErrorKind.FAILED, None),
@@ -405,6 +427,22 @@ async def test_observe_finds_only_this_vm_s_live_pods():
     )
 
 
+@pytest.mark.parametrize("missing", ["absent", "null"])
+async def test_a_pod_that_does_not_say_its_status_is_pending_not_an_unreadable_answer(missing):
+    # APIPodConfig documents `status` with default PROVISIONING and `installationStatus` with
+    # default PENDING: a pod without them is one Prime has not placed yet.
+    fresh = bodies.pod("pod-1", LABEL)
+    for field in ("status", "installationStatus"):
+        if missing == "absent":
+            del fresh[field]
+        else:
+            fresh[field] = None
+    adapter = await with_transport(static(pods_route(bodies.pods_page(fresh))))
+    [pod] = await adapter.observe(HERE, VM)
+    assert (pod.id, pod.status) == ("pod-1", InstanceStatus.PENDING)
+    assert (pod.message or "").startswith("PROVISIONING, installation PENDING")
+
+
 async def test_observe_reads_every_page_of_pods():
     others = [bodies.pod(f"x-{i}", f"someone-{i}", "ACTIVE") for i in range(100)]
     first = bodies.pods_page(*others, total=101)
@@ -430,7 +468,7 @@ async def test_observe_region_groups_every_gpuprov_pod_by_vm():
 
 
 async def test_an_unreadable_pod_of_ours_is_an_error_not_a_missing_pod():
-    broken = {"id": "pod-1", "name": LABEL}  # no status
+    broken = {"id": "", "name": LABEL, "status": "ACTIVE"}  # no usable id
     page = bodies.pods_page(broken, bodies.pod("pod-2", "someone", "ACTIVE"))
     adapter = await with_transport(static(pods_route(page)))
     assert (await failure(adapter.observe(HERE, VM))).kind is ErrorKind.TRANSIENT
@@ -512,3 +550,14 @@ async def test_offers_and_prepared_state_hold_no_secret(cloud):
     prepared = await cloud.prepare(offers[1], spec(ssh_public_key=bodies.PUBLIC_KEY))
     assert API_KEY not in json.dumps([o.model_dump(mode="json") for o in offers])
     assert API_KEY not in json.dumps(prepared)
+
+
+async def test_a_zero_price_is_no_price_not_a_free_pod():
+    # Prices.onDemand is a bare number in the document; 0 is what an unpriced item carries.
+    free = {**bodies.HYPERSTACK_H100, "prices": {**bodies.HYPERSTACK_H100["prices"], "onDemand": 0}}
+    page = bodies.availability(free, total=1)
+    adapter = await with_transport(
+        static(("GET", "/api/v1/availability/gpus", httpx.Response(200, json=page)))
+    )
+    [offer] = await adapter.plan(ResourceRequest())
+    assert offer.price is None

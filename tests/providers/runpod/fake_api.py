@@ -24,6 +24,8 @@ BOOT_SEQUENCE: tuple[tuple[str, bool], ...] = (("PROVISIONING", False), ("RUNNIN
 class FakeRunPod:
     catalog: dict[str, Any] = field(default_factory=catalog)
     stockouts: set[tuple[str, str]] = field(default_factory=set)  # (gpu id, data centre)
+    # (gpu id, data centre) -> the problem document its creates answer (its status with it)
+    refusals: dict[tuple[str, str], bytes] = field(default_factory=dict)
     account_keys: list[str] = field(default_factory=lambda: [USER_KEY])
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     exchanges: list[tuple[httpx.Request, httpx.Response]] = field(default_factory=list)
@@ -86,6 +88,8 @@ class FakeRunPod:
         data_center = (body.get("dataCenterIds") or [None])[0]
         if (body["gpu"]["id"], data_center) in self.stockouts:
             return _problem(STOCKOUT_400)
+        if (refusal := self.refusals.get((body["gpu"]["id"], data_center))) is not None:
+            return _problem(refusal)
         self._next_id += 1
         pod_id = f"rp{self._next_id:08d}"
         document = {

@@ -191,6 +191,8 @@ HOST_GPUS_400 = problem(
     400, "Bad Request", "There are not enough free GPUs on the host machine to start this pod."
 )
 RULE_400 = problem(400, "Bad Request", "allowedCudaVersions and minCudaVersion are exclusive")
+# The documented examples of createPod's 400 and 403 (components/responses, api-reference-v2).
+BAD_REQUEST_400 = problem(400, "Bad Request", "request could not be processed")
 UNAUTHORIZED_401 = problem(401, "Unauthorized", "missing bearer token")
 BALANCE_402 = problem(402, "Payment Required", "insufficient balance to deploy this pod")
 FORBIDDEN_403 = problem(403, "Forbidden", "access denied")

@@ -250,9 +250,10 @@ async def test_create_stockout_is_capacity_with_runpods_words(api):
 
 CREATE_FAILURES = [
     (problem_response(samples.VALIDATION_422, 422), ErrorKind.INVALID_REQUEST),
-    (problem_response(samples.RULE_400, 400), ErrorKind.INVALID_REQUEST),
+    (problem_response(samples.RULE_400, 400), ErrorKind.UNAVAILABLE),  # "Try your next candidate"
+    (problem_response(samples.BAD_REQUEST_400, 400), ErrorKind.UNAVAILABLE),
     (problem_response(samples.UNAUTHORIZED_401, 401), ErrorKind.CREDENTIALS),
-    (problem_response(samples.FORBIDDEN_403, 403), ErrorKind.CREDENTIALS),
+    (problem_response(samples.FORBIDDEN_403, 403), ErrorKind.UNAVAILABLE),  # "Skip this candidate"
     (problem_response(samples.BALANCE_402, 402), ErrorKind.QUOTA),
     (problem_response(samples.INTERNAL_500, 500), ErrorKind.FAILED),
     (httpx.Response(502, content=samples.BAD_GATEWAY_HTML), ErrorKind.FAILED),
@@ -291,16 +292,16 @@ async def test_rate_limited_create_is_transient_with_retry_after(api):
     assert (raised.value.kind, raised.value.retry_after) == (ErrorKind.TRANSIENT, 12.0)
 
 
-async def test_an_echoed_api_key_is_scrubbed_from_messages(api):
+async def test_a_refused_key_on_create_is_credentials_in_runpods_words(api):
+    # An echoed key is scrubbed by the core: tests/providers/runpod/test_redaction.py.
     offer = await an_offer(api)
     router = respx.MockRouter(base_url=samples.BASE_URL)
     router.get("/v2/account/ssh-keys").respond(json={"keys": []})
-    echo = samples.problem(401, "Unauthorized", f"invalid key {samples.API_KEY}")
-    router.post("/v2/pods").mock(return_value=problem_response(echo, 401))
+    refusal = samples.problem(401, "Unauthorized", "invalid API key")
+    router.post("/v2/pods").mock(return_value=problem_response(refusal, 401))
     cloud = routed(router)
     with pytest.raises(ProviderError) as raised:
         await cloud.create(offer, {}, SPEC)
     await cloud.aclose()
-    assert samples.API_KEY not in raised.value.message
-    assert samples.API_KEY not in str(raised.value)
-    assert "invalid key ***" in raised.value.message
+    assert raised.value.kind is ErrorKind.CREDENTIALS
+    assert raised.value.message == "RunPod 401 on POST /v2/pods: Unauthorized: invalid API key"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from providers.errors import ErrorKind
+from providers.errors import BlockScope, ErrorKind
 from providers.runpod.errors import (
     CAPACITY_PHRASES,
     classify,
@@ -42,8 +42,18 @@ def test_stockout_phrase_matches_across_case_and_whitespace():
     assert classify("create", 400, body, CREATE).kind is ErrorKind.CAPACITY
 
 
-def test_a_rule_violation_400_on_create_is_invalid_request_not_capacity():
-    assert classify("create", 400, samples.RULE_400, CREATE).kind is ErrorKind.INVALID_REQUEST
+def test_a_400_without_a_stockout_text_on_create_fails_over_as_unavailable():
+    # createPod: 400 "either it breaks a cross-field rule, or this GPU and data center
+    # combination could not be placed" -> "Try your next candidate".
+    assert classify("create", 400, samples.RULE_400, CREATE).kind is ErrorKind.UNAVAILABLE
+    assert classify("create", 400, samples.BAD_REQUEST_400, CREATE).kind is ErrorKind.UNAVAILABLE
+
+
+def test_a_403_on_create_skips_the_candidate_but_a_401_stops():
+    # createPod: 403 "Your account cannot access the requested pool" -> "Skip this candidate,
+    # keep going"; 401 is the key itself.
+    assert classify("create", 403, samples.FORBIDDEN_403, CREATE).kind is ErrorKind.UNAVAILABLE
+    assert classify("create", 401, samples.UNAUTHORIZED_401, CREATE).kind is ErrorKind.CREDENTIALS
 
 
 @pytest.mark.parametrize(
@@ -52,8 +62,10 @@ def test_a_rule_violation_400_on_create_is_invalid_request_not_capacity():
         ("create", 401, samples.UNAUTHORIZED_401, ErrorKind.CREDENTIALS),
         ("read", 401, samples.UNAUTHORIZED_401, ErrorKind.CREDENTIALS),
         ("delete", 401, samples.UNAUTHORIZED_401, ErrorKind.CREDENTIALS),
-        ("create", 403, samples.FORBIDDEN_403, ErrorKind.CREDENTIALS),
+        ("create", 403, samples.FORBIDDEN_403, ErrorKind.UNAVAILABLE),
         ("read", 403, samples.FORBIDDEN_403, ErrorKind.CREDENTIALS),
+        ("delete", 403, samples.FORBIDDEN_403, ErrorKind.CREDENTIALS),
+        ("create", 400, samples.RULE_400, ErrorKind.UNAVAILABLE),
         ("create", 402, samples.BALANCE_402, ErrorKind.QUOTA),
         ("create", 422, samples.VALIDATION_422, ErrorKind.INVALID_REQUEST),
         (
@@ -87,7 +99,7 @@ def test_stockout_text_on_a_read_is_not_capacity():
 
 def test_insufficient_balance_blocks_the_whole_provider():
     error = classify("create", 402, samples.BALANCE_402, CREATE)
-    assert (error.kind, error.block_scope) == (ErrorKind.QUOTA, "provider")
+    assert (error.kind, error.block_scope) == (ErrorKind.QUOTA, BlockScope.PROVIDER)
 
 
 def test_retry_after_is_kept_only_for_transient_errors():
@@ -117,8 +129,8 @@ def test_problem_text_of_bodies_that_are_not_problem_documents(body, text):
     assert problem_text(body) == text
 
 
-def test_problem_text_is_clipped():
-    assert len(problem_text(samples.problem(400, "Bad Request", "x" * 10_000))) <= 600
+def test_problem_text_keeps_the_clouds_words_whole_for_the_core_to_scrub_then_cut():
+    assert problem_text(samples.problem(400, "Bad Request", "x" * 10_000)).endswith("x" * 10_000)
 
 
 @pytest.mark.parametrize(

@@ -1,6 +1,7 @@
 """Hostile answers (hypothesis): whatever Vast sends back — truncated JSON, wrong types, missing
 fields, huge or non-finite numbers, any status — each primitive either returns its documented
-type or raises a classified ProviderError, never another exception."""
+type or, through the activities' scrubbing, fails classified (never another exception), short
+and without the key."""
 
 from __future__ import annotations
 
@@ -14,15 +15,19 @@ import pytest
 import respx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from temporalio.exceptions import ApplicationError
 
+from activities.errors import MAX_MESSAGE_CHARS
+from activities.redaction import scrubbed
 from providers.base import InstanceSpec, Location, Observed, Offer, ResourceRequest
-from providers.errors import ErrorKind, ProviderError
+from providers.errors import ErrorKind
 from providers.vast.cloud import VastCloud
 from tests.providers.vast import fixtures
 from tests.providers.vast.conftest import vast_config
 
 HERE = Location(provider="vast", region="US")
 SPEC = InstanceSpec(vm="h-a1-n0-abc", job="h", node_index=0, attempt=1)
+KINDS = {kind.value for kind in ErrorKind}
 OFFER = Offer(
     id="vast/5",
     provider="vast",
@@ -150,16 +155,20 @@ class HostileVast:
         self.answer = httpx.Response(status, content=content)
         primitive, _ = PRIMITIVES[name]
         try:
-            return self.loop.run_until_complete(primitive(self.cloud))
-        except ProviderError as error:
-            return error
+            return self.loop.run_until_complete(self._scrubbed(primitive))
+        except ApplicationError as failure:
+            return failure
+
+    async def _scrubbed(self, primitive: Primitive) -> Any:
+        with scrubbed(self.cloud, spec=SPEC):  # as the activities run every primitive
+            return await primitive(self.cloud)
 
     def check(self, name: str, status: int, content: bytes) -> None:
         result = self.outcome(name, status, content)
-        if isinstance(result, ProviderError):
-            assert isinstance(result.kind, ErrorKind)
-            assert fixtures.API_KEY not in str(result)
-            assert len(result.message) <= 1000
+        if isinstance(result, ApplicationError):
+            assert result.type in KINDS  # classified: no other exception escapes
+            assert fixtures.API_KEY not in result.message
+            assert len(result.message) <= MAX_MESSAGE_CHARS
             return
         assert PRIMITIVES[name][1](result), result
 

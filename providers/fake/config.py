@@ -1,0 +1,95 @@
+"""The `[providers.fake]` section: the fake cloud's catalogue, timings and fault rules."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from providers.base import Model
+from providers.errors import ErrorKind
+from providers.settings import ProviderSettings
+
+
+class FakeRegion(Model):
+    name: str
+    zones: list[str] = Field(default_factory=list)
+
+
+class FakeInstanceType(Model):
+    name: str
+    gpu: str | None = None
+    gpu_count: int = Field(default=0, ge=0)
+    gpu_memory_gb: float | None = None
+    vcpus: int | None = None
+    memory_gb: float | None = None
+    disk_gb: float | None = None
+    price: float | None = Field(default=None, ge=0)  # USD/hour; None = the cloud shows none
+    spot_price: float | None = Field(default=None, ge=0)  # also offered as spot when set
+    regions: list[str] | None = None  # None = every region
+
+
+FakePrimitive = Literal["plan", "prepare", "create", "observe", "list", "delete", "cleanup"]
+FaultEffect = Literal["error", "lost_response", "boot_failed", "boot_hang", "bad_runtime", "delay"]
+
+
+class FaultRule(Model):
+    """Inject a failure into the fake cloud.
+
+    A rule matches calls of `primitive` (optionally narrowed to a region, an offer id or a VM
+    name prefix); it skips the first `after` matching calls and fires on the next `times` (None:
+    on every one). Effects:
+    - error: raise ProviderError(kind, message); nothing is created.
+    - lost_response (create): the instance is created, then the call raises `kind`
+      (Transient by default) as if the response were lost.
+    - boot_failed (create): the instance is created and boots into Failed.
+    - boot_hang (create): the instance is created and never leaves Pending.
+    - bad_runtime (create): the instance boots, but its agent reports a broken GPU runtime.
+    - delay: the call sleeps `delay_seconds`, then proceeds normally (a slow API).
+    """
+
+    primitive: FakePrimitive
+    kind: ErrorKind = ErrorKind.TRANSIENT
+    message: str = "injected fault"
+    effect: FaultEffect = "error"
+    region: str | None = None
+    offer: str | None = None
+    vm: str | None = None  # prefix of the VM name
+    after: int = Field(default=0, ge=0)
+    times: int | None = Field(default=None, ge=1)
+    delay_seconds: float = Field(default=0.0, ge=0)
+
+
+class FakeProviderConfig(ProviderSettings):
+    """The deterministic fake cloud: catalogue, timings, fault rules, optional state file."""
+
+    regions: list[FakeRegion] = Field(
+        default_factory=lambda: [FakeRegion(name="us-east-1", zones=["us-east-1a"])]
+    )
+    instance_types: list[FakeInstanceType] = Field(
+        default_factory=lambda: [
+            FakeInstanceType(
+                name="h100x8",
+                gpu="H100",
+                gpu_count=8,
+                gpu_memory_gb=80,
+                vcpus=208,
+                memory_gb=1800,
+                disk_gb=2000,
+                price=23.92,
+            )
+        ]
+    )
+    boot_delay_seconds: float = Field(default=2.0, ge=0)
+    delete_delay_seconds: float = Field(default=0.5, ge=0)
+    call_latency_seconds: float = Field(default=0.0, ge=0)
+    poll_interval: float = Field(default=0.5, gt=0)
+    boot_timeout: float = Field(default=60.0, gt=0)
+    delete_timeout: float = Field(default=30.0, gt=0)
+    state_path: str | None = None  # SQLite file; None keeps the cloud in memory
+    ssh_host: str = "127.0.0.1"
+    ssh_port: int = 22
+    # Booted instances run a simulated node agent that registers through the control-plane
+    # API with the join token they were given; jobs then wait for that registration.
+    simulate_agent: bool = False
+    faults: list[FaultRule] = Field(default_factory=list)
