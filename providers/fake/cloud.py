@@ -15,7 +15,9 @@ Primitive -> what happens in the ledger:
 - delete: marks the given ids deleted (unknown ids are success).
 - cleanup: deletes the VM's side resources in the region.
 
-Every primitive first counts the call and consults the fault rules (see `FaultRule`).
+Every primitive first counts the call and consults the fault rules (see `FaultRule`); the
+ledger counts each rule's firings too (`fault_fires`), so a test can tell a fault that happened
+from one that never matched.
 """
 
 from __future__ import annotations
@@ -147,6 +149,19 @@ class FakeCloud(CloudProvider):
 
     def live_instances(self) -> list[InstanceRow]:
         return self.state.live_instances(self.config.delete_delay_seconds)
+
+    def fault_fires(self) -> list[tuple[FaultRule, int]]:
+        """Each configured fault rule, in order, with the number of calls it fired on (a
+        `delay` fires too): a test can show that the fault it injected happened."""
+        fired = self.state.fault_fires()
+        return [(rule, fired.get(index, 0)) for index, rule in enumerate(self.config.faults)]
+
+    def fired(self, rule: FaultRule) -> int:
+        """Calls `rule` (one of the configured rules, compared by value) fired on."""
+        counts = [n for configured, n in self.fault_fires() if configured == rule]
+        if not counts:
+            raise KeyError(f"not a configured fault rule: {rule!r}")
+        return sum(counts)
 
     # ------------------------------------------------------------------ internals
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
@@ -374,6 +375,38 @@ async def test_delay_fault_does_not_hide_a_later_error_rule() -> None:
     assert caught.value.kind is ErrorKind.QUOTA
 
 
+async def test_fault_fires_counts_only_the_calls_a_rule_fired_on() -> None:
+    skipped = FaultRule(primitive="observe", after=2, times=2)
+    elsewhere = FaultRule(primitive="observe", region="r2")
+    slow = FaultRule(primitive="observe", effect="delay", delay_seconds=0.0, times=1)
+    cloud = FakeCloud(config([slow, skipped, elsewhere]))
+    for _ in range(6):
+        with contextlib.suppress(ProviderError):
+            await cloud.observe(R1, VM)
+    assert cloud.fault_fires() == [(slow, 1), (skipped, 2), (elsewhere, 0)]
+    assert (cloud.fired(slow), cloud.fired(skipped), cloud.fired(elsewhere)) == (1, 2, 0)
+
+
+async def test_a_rule_behind_one_that_raised_is_not_counted_as_fired() -> None:
+    first = FaultRule(primitive="create", kind=ErrorKind.CAPACITY, times=1)
+    second = FaultRule(primitive="create", kind=ErrorKind.QUOTA, times=1)
+    cloud = FakeCloud(config([first, second]))
+    kinds = []
+    for _ in range(3):
+        try:
+            await launch(cloud)
+            kinds.append("ok")
+        except ProviderError as error:
+            kinds.append(error.kind.value)
+    assert kinds == ["Capacity", "Quota", "ok"]
+    assert cloud.fault_fires() == [(first, 1), (second, 1)]
+
+
+def test_fired_refuses_a_rule_that_is_not_configured() -> None:
+    with pytest.raises(KeyError):
+        FakeCloud(config([FaultRule(primitive="plan")])).fired(FaultRule(primitive="create"))
+
+
 # ---------------------------------------------------------------- state, counts, restarts
 
 
@@ -437,6 +470,7 @@ async def test_state_file_survives_a_restart_with_fault_counters(tmp_path: Path)
         assert after.state.creates_per_vm() == {VM: 1, "job-a2-n0": 1}
         assert after.state.call_counts()[("create", "r1")] == 3
         assert len(after.state.live_side_resources()) == 2
+        assert after.fault_fires() == [(rules[0], 1)]  # the ledger keeps the firings too
     finally:
         await after.aclose()
 
