@@ -6,7 +6,7 @@ import asyncio
 import base64
 import json
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -85,9 +85,14 @@ async def until(handle: JobHandle, predicate: Any, timeout: float = 60) -> JobSt
     return await handle.wait_for(predicate, timeout=timeout, poll_interval=0.1)
 
 
-async def ready_then_release(handle: JobHandle, timeout: float = 60) -> tuple[JobStatus, JobStatus]:
-    """Wait for ready (or an end), release if ready, and return (at ready, final)."""
+async def ready_then_release(
+    handle: JobHandle, timeout: float = 60, on_ready: Callable[[JobStatus], None] | None = None
+) -> tuple[JobStatus, JobStatus]:
+    """Wait for ready (or an end), release if ready, and return (at ready, final).
+    `on_ready` sees the status at that moment, before the release (or the end) goes on."""
     at_ready = await until(handle, lambda s: s.state is JobState.READY, timeout)
+    if on_ready is not None:
+        on_ready(at_ready)
     if at_ready.state is JobState.READY:
         await handle.release()
     final = await asyncio.wait_for(handle.result(), timeout)
