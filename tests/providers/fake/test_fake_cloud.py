@@ -121,6 +121,15 @@ async def test_plan_sorts_cheapest_first_ties_by_id_unpriced_last() -> None:
     assert [o.id for o in offers] == PLAN_ORDER
 
 
+async def test_shuffled_plan_is_a_seeded_permutation_of_the_sorted_one() -> None:
+    first = [o.id for o in await FakeCloud(config(), shuffle_offers=4).plan(ResourceRequest())]
+    again = [o.id for o in await FakeCloud(config(), shuffle_offers=4).plan(ResourceRequest())]
+    other = [o.id for o in await FakeCloud(config(), shuffle_offers=5).plan(ResourceRequest())]
+    assert first == again  # deterministic for a seed
+    assert sorted(first) == sorted(PLAN_ORDER) and first != PLAN_ORDER
+    assert other != first
+
+
 async def test_plan_creates_nothing() -> None:
     cloud = FakeCloud(config())
     await cloud.plan(ResourceRequest())
