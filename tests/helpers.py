@@ -24,6 +24,9 @@ from providers.fake import FakeCloud, FakeCloudState
 OFFER_A = "fake/r1-a/gpu8"
 OFFER_B = "fake/r1-b/gpu8"
 OFFER_C = "fake/r2-a/gpu8"
+# A seed for `fake_worker(..., shuffle_offers=SHUFFLED)`: the fake's plan then answers C, B, A
+# (dearest first, the tie the wrong way round), so only the workflow's ranking tries A first.
+SHUFFLED = 4
 
 
 def fast_cloud(faults: list[FaultRule] | None = None, **overrides: Any) -> FakeProviderConfig:
@@ -66,11 +69,12 @@ async def fake_worker(
     config: FakeProviderConfig,
     records: Records | None = None,
     api_url: str = "http://127.0.0.1:9",  # nothing listens: only agent tests need the API
+    shuffle_offers: int | None = None,  # the fake's plan order: a seeded shuffle
 ) -> AsyncIterator[tuple[GpuprovClient, FakeCloud]]:
     """A worker with the fake cloud and a real database (a fresh SQLite file unless given)."""
     with tempfile.TemporaryDirectory(prefix="gpuprov-test-") as data_dir:
         own_records = records or open_records(f"sqlite:///{data_dir}/gpuprov.db")
-        cloud = FakeCloud(config)
+        cloud = FakeCloud(config, shuffle_offers=shuffle_offers)
         worker = build_worker(client, task_queue, {"fake": cloud}, own_records, api_url=api_url)
         try:
             async with worker:

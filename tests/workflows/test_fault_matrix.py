@@ -1,11 +1,12 @@
 """The fault matrix: each ErrorKind injected at each primitive -> outcome, blocks, no leftovers.
 
-Faults hit offer A (or attempt 1's VMs); the policy decides whether the job stays on A (Transient
-retried), fails over to B (offer blocked), skips to C (region blocked), or aborts. `list` is the
-shared region-wide observe that the waits use (activities/observe_hub.py); `observe` is the
-per-VM call, which the delete step makes first during release. Teardown faults fire once during
-release: the job still ends clean unless the kind aborts teardown, in which case the leak is
-recorded (the reconciler's job).
+Faults hit offer A (or attempt 1's VMs), and the fake cloud answers its offers shuffled, so
+which offer comes next is the workflow's ranking. The policy decides whether the job stays on A
+(Transient retried), fails over to B (offer blocked), skips to C (region blocked), or aborts.
+`list` is the shared region-wide observe that the waits use (activities/observe_hub.py);
+`observe` is the per-VM call, which the delete step makes first during release. Teardown
+faults fire once during release: the job still ends clean unless the kind aborts teardown, in
+which case the leak is recorded (the reconciler's job).
 
 Every cell also proves its fault happened, from the fake cloud's ledger: the rule fired once, in
 the phase it aims at (before ready, or only during release). Where the outcome is the same as
@@ -28,6 +29,7 @@ from tests.helpers import (
     OFFER_A,
     OFFER_B,
     OFFER_C,
+    SHUFFLED,
     assert_nothing_left,
     assert_one_create_per_vm,
     fake_worker,
@@ -136,7 +138,11 @@ async def test_fault_free_run_calls_each_primitive_once(client, task_queue, job_
     """The control the retried cells compare against: one call of each primitive, and one
     list call in the wait for running of an instantly booting machine."""
     records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
-    async with fake_worker(client, task_queue, _config("list", []), records) as (gpuprov, cloud):
+    config = _config("list", [])
+    async with fake_worker(client, task_queue, config, records, shuffle_offers=SHUFFLED) as (
+        gpuprov,
+        cloud,
+    ):
         handle = await gpuprov.submit(job(job_name))
         calls_at_ready: dict[tuple[str, str], int] = {}
         _, final = await ready_then_release(
@@ -158,7 +164,10 @@ async def test_fault_matrix(
     rule = _fault(primitive, kind, job_name)
     config = _config(primitive, [rule])
     records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
-    async with fake_worker(client, task_queue, config, records) as (gpuprov, cloud):
+    async with fake_worker(client, task_queue, config, records, shuffle_offers=SHUFFLED) as (
+        gpuprov,
+        cloud,
+    ):
         handle = await gpuprov.submit(job(job_name))
         fired_at_ready: list[int] = []
         calls_at_ready: dict[tuple[str, str], int] = {}
