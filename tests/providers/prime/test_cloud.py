@@ -27,6 +27,7 @@ from providers.prime.config import PrimeConfig
 from providers.settings import MissingCredentials
 from tests.providers.prime import bodies
 from tests.providers.prime.fake_api import API_KEY, BASE_URL, FakePrime
+from tests.providers.wire import assert_never_sent
 
 VM = "train-a1-n0-ce4389"
 LABEL = f"gpuprov-{VM}"
@@ -349,6 +350,9 @@ async def test_create_does_not_send_the_bootstrap_secret(cloud, prime):
     with_token = spec(bootstrap=NodeBootstrap(api_url="https://api.example", join_token=secret))
     await cloud.create(offer, await cloud.prepare(offer, with_token), with_token)
     assert secret not in json.dumps(prime.created)
+    # ... nor anywhere else in any request: URL, headers or body, as sent
+    assert "POST /api/v1/pods/" in prime.calls
+    assert_never_sent(secret, (call.request for call in prime.router.calls))
 
 
 @pytest.mark.parametrize(
