@@ -263,18 +263,19 @@ async def test_prepare_reuses_a_key_the_user_already_registered(cloud, prime):
 
 async def test_prepare_that_loses_a_registration_race_uses_the_winner_s_key():
     listings = iter([bodies.keys_page(), bodies.keys_page(bodies.ssh_key("k-9", "gpuprov-key-x"))])
-    adapter = await with_transport(
-        static(
-            ("GET", "/api/v1/ssh_keys/", lambda request: httpx.Response(200, json=next(listings))),
-            (
-                "POST",
-                "/api/v1/ssh_keys/",
-                httpx.Response(400, json={"detail": "Key already exists"}),
-            ),
-        )
+    router = respx.Router(base_url=BASE_URL, assert_all_called=False)
+    listing = router.get("/api/v1/ssh_keys/").mock(
+        side_effect=lambda request: httpx.Response(200, json=next(listings))
     )
+    register = router.post("/api/v1/ssh_keys/").mock(
+        return_value=httpx.Response(400, json={"detail": "Key already exists"})
+    )
+    adapter = await with_transport(httpx.MockTransport(router.async_handler))
     prepared = await adapter.prepare(OFFER, spec(ssh_public_key=bodies.PUBLIC_KEY))
     assert prepared["ssh_key_id"] == "k-9"
+    # the race as claimed: listed (none), tried to register and lost, listed again
+    assert (listing.call_count, register.call_count) == (2, 1)
+    assert [call.request.method for call in router.calls] == ["GET", "POST", "GET"]
 
 
 async def test_prepare_that_cannot_register_the_key_says_why():

@@ -241,6 +241,9 @@ async def test_when_that_destroy_fails_too_teardown_is_told_to_find_the_label(cl
         await cloud.create(offer, {}, spec())
     assert caught.value.kind is ErrorKind.FAILED
     assert "finds it by its label" in caught.value.message
+    # the destroy was tried (and refused), not skipped
+    deletes = [r.url.path for r in vast_api.requests if r.method == "DELETE"]
+    assert deletes == ["/api/v0/instances/778/"]
 
 
 @pytest.mark.parametrize(

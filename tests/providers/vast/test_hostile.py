@@ -138,7 +138,7 @@ class HostileVast:
         self.loop = asyncio.new_event_loop()
         self.mock = respx.mock(assert_all_mocked=True, assert_all_called=False)
         self.mock.start()
-        self.mock.route(host="vast.test").mock(side_effect=lambda request: self.answer)
+        self.route = self.mock.route(host="vast.test").mock(side_effect=lambda request: self.answer)
         self.cloud = VastCloud(vast_config(), api_key=fixtures.API_KEY)
 
     def close(self) -> None:
@@ -149,10 +149,14 @@ class HostileVast:
     def outcome(self, name: str, status: int, content: bytes) -> Any:
         self.answer = httpx.Response(status, content=content)
         primitive, _ = PRIMITIVES[name]
+        before = self.route.call_count
         try:
             return self.loop.run_until_complete(primitive(self.cloud))
         except ProviderError as error:
             return error
+        finally:
+            # every primitive here reads an answer: one that made no call proves nothing
+            assert self.route.call_count > before, f"{name} made no call"
 
     def check(self, name: str, status: int, content: bytes) -> None:
         result = self.outcome(name, status, content)
