@@ -122,6 +122,8 @@ def creates_by_node(state: FakeCloudState) -> dict[str, int]:
 
 
 def assert_one_create_per_vm(cloud: FakeCloud) -> None:
+    """No VM identity was created twice (vacuous when nothing was created: a caller that
+    expects machines shows them another way)."""
     creates = cloud.state.creates_per_vm()
     assert all(count == 1 for count in creates.values()), creates
 

@@ -108,7 +108,8 @@ async def wait_for_db(records: Records, job_name: str, ready: Callable[[list], b
 async def finish_and_check(stack: Stack, handle, job_name: str, nodes: int) -> None:
     ready = await until(handle, lambda s: s.state is JobState.READY, 120)
     assert ready.state is JobState.READY, stack.log.read_text()[-3000:]
-    assert all(node.worker_id for node in ready.nodes if node.status == "running")
+    running = [node for node in ready.nodes if node.status == "running"]
+    assert len(running) == nodes and all(node.worker_id for node in running)
     await handle.release()
     final = await asyncio.wait_for(handle.result(), 60)
     assert final.state is JobState.COMPLETED

@@ -233,6 +233,7 @@ async def test_agent_registers_over_openssh_with_the_token_only_on_its_stdin(
     assert "Opening SSH connection" in caplog.text and token not in caplog.text
     assert "Accepted publickey" in sshd_log and token not in sshd_log
     node_files = files_under(sshd.home)
+    assert node_files  # the agent was put there: there is something to scan
     assert all(token.encode() not in content for content in node_files.values())
     assert not [name for name in node_files if "history" in name]
     agent = sshd.home / REMOTE_ROOT / VM / "agent.py"

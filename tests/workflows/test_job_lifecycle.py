@@ -167,7 +167,7 @@ async def test_cancel_during_compensation_still_finishes_the_teardown(client, ta
         final = await asyncio.wait_for(handle.result(), 60)
         assert final.state is JobState.CANCELLED
         assert [a.offer.id for a in final.attempts] == [OFFER_A]  # no failover after cancel
-        assert all(n.status == "terminated" for n in final.nodes)
+        assert final.nodes and all(n.status == "terminated" for n in final.nodes)
         assert_nothing_left(cloud)
 
 
