@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import inspect
 import json
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -101,6 +103,23 @@ async def ready_then_release(
         await handle.release()
     final = await asyncio.wait_for(handle.result(), timeout)
     return at_ready, final
+
+
+async def eventually(
+    check: Callable[[], Any], what: str, timeout: float = 15, interval: float = 0.02
+) -> Any:
+    """Poll `check` (plain or async) until it returns something truthy, and return that; after
+    `timeout` seconds, fail naming `what` was waited for. A test waits for the state it needs
+    this way, never by sleeping and hoping the state was reached."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"never reached: {what}"
+        await asyncio.sleep(interval)
 
 
 def assert_nothing_left(cloud: FakeCloud) -> None:

@@ -11,9 +11,17 @@ from typing import Any
 import pytest
 
 from gpuprov.config import FakeInstanceType, FakeProviderConfig, FakeRegion, FaultRule
-from providers.base import InstanceSpec, InstanceStatus, Location, Offer, ResourceRequest
+from providers.base import (
+    InstanceSpec,
+    InstanceStatus,
+    Location,
+    Observed,
+    Offer,
+    ResourceRequest,
+)
 from providers.errors import ErrorKind, ProviderError
 from providers.fake import FakeCloud
+from tests.helpers import eventually
 
 BOOT = 0.15  # generous: Pending must still hold on a loaded machine
 DELETE = 0.15
@@ -44,6 +52,25 @@ def config(faults: list[FaultRule] | None = None, **overrides: Any) -> FakeProvi
 
 def spec(vm: str = VM) -> InstanceSpec:
     return InstanceSpec(vm=vm, job="job", node_index=0, attempt=1)
+
+
+async def reaches(cloud: FakeCloud, status: InstanceStatus, vm: str = VM) -> list[Observed]:
+    """What observe shows once every instance of `vm` (in r1) is in `status`, polled."""
+
+    async def seen() -> list[Observed] | None:
+        found = await cloud.observe(R1, vm)
+        return found if found and all(o.status is status for o in found) else None
+
+    return await eventually(seen, f"{vm} {status.value}")
+
+
+async def wait_gone(cloud: FakeCloud, vm: str = VM) -> None:
+    """Polls until observe shows nothing of `vm` in r1."""
+
+    async def nothing() -> bool:
+        return await cloud.observe(R1, vm) == []
+
+    await eventually(nothing, f"{vm} gone")
 
 
 async def offer_by_id(cloud: FakeCloud, offer_id: str) -> Offer:
@@ -172,8 +199,7 @@ async def test_instance_is_pending_then_running_with_ssh_after_boot_delay() -> N
     ids = await launch(cloud)
     (pending,) = await cloud.observe(R1, VM)
     assert (pending.id, pending.status, pending.ssh) == (ids[0], InstanceStatus.PENDING, None)
-    await asyncio.sleep(BOOT * 2)
-    (running,) = await cloud.observe(R1, VM)
+    (running,) = await reaches(cloud, InstanceStatus.RUNNING)
     assert running.status is InstanceStatus.RUNNING
     assert running.ssh is not None and (running.ssh.host, running.ssh.port) == ("10.0.0.9", 2222)
 
@@ -191,12 +217,12 @@ async def test_observe_only_sees_the_vm_in_that_region() -> None:
 async def test_delete_makes_it_stopping_then_gone_after_delete_delay() -> None:
     cloud = FakeCloud(config())
     ids = await launch(cloud)
-    await asyncio.sleep(BOOT * 2)
+    await reaches(cloud, InstanceStatus.RUNNING)
     await cloud.delete(R1, VM, ids)
     (stopping,) = await cloud.observe(R1, VM)
     assert stopping.status is InstanceStatus.STOPPING
     assert len(cloud.live_instances()) == 1
-    await asyncio.sleep(DELETE * 2)
+    await wait_gone(cloud)
     assert await cloud.observe(R1, VM) == []
     assert cloud.live_instances() == []
 
@@ -208,7 +234,7 @@ async def test_region_list_leaves_out_gone_instances_and_the_ledger_keeps_them()
     stopping_ids = await launch(cloud, vm=stopping)
     await launch(cloud, vm=VM)
     await cloud.delete(R1, gone, gone_ids)
-    await asyncio.sleep(DELETE * 2)
+    await wait_gone(cloud, gone)
     await cloud.delete(R1, stopping, stopping_ids)
     listed = await cloud.observe_region(R1)
     assert set(listed) == {VM, stopping}
@@ -349,16 +375,16 @@ async def test_boot_failed_reports_failed_after_boot_delay() -> None:
     cloud = FakeCloud(config([FaultRule(primitive="create", effect="boot_failed")]))
     ids = await launch(cloud)
     assert (await cloud.observe(R1, VM))[0].status is InstanceStatus.PENDING
-    await asyncio.sleep(BOOT * 2)
-    (failed,) = await cloud.observe(R1, VM)
+    (failed,) = await reaches(cloud, InstanceStatus.FAILED)
     assert (failed.id, failed.status, failed.ssh) == (ids[0], InstanceStatus.FAILED, None)
     assert failed.message == "instance failed to boot"
 
 
 async def test_boot_hang_stays_pending() -> None:
-    cloud = FakeCloud(config([FaultRule(primitive="create", effect="boot_hang")]))
+    cloud = FakeCloud(config([FaultRule(primitive="create", effect="boot_hang", times=1)]))
     await launch(cloud)
-    await asyncio.sleep(BOOT * 3)
+    await launch(cloud, vm="control")  # created later, boots normally
+    await reaches(cloud, InstanceStatus.RUNNING, vm="control")  # so the boot delay is over
     (hung,) = await cloud.observe(R1, VM)
     assert hung.status is InstanceStatus.PENDING
 
