@@ -25,6 +25,7 @@ from gpuprov.config import FaultRule
 from gpuprov.engine import open_records
 from gpuprov.models import BlockScope, JobState
 from providers.errors import ErrorKind
+from providers.fake import FakeCloud
 from tests.helpers import (
     OFFER_A,
     OFFER_B,
@@ -156,6 +157,29 @@ async def test_fault_free_run_calls_each_primitive_once(client, task_queue, job_
         assert_nothing_left(cloud)
 
 
+def _assert_the_fault_happened(
+    cloud: FakeCloud,
+    rule: FaultRule,
+    primitive: str,
+    expect: Expect,
+    fired_at_ready: list[int],
+    calls_at_ready: dict[tuple[str, str], int],
+) -> None:
+    """The injected fault fired once, in the phase it aims at (teardown faults only during
+    release, the others before the job was ready or ended), and left the trace only it
+    explains where the outcome alone would not show it."""
+    assert cloud.fault_fires() == [(rule, 1)]
+    assert fired_at_ready == [0 if primitive in TEARDOWN_PRIMITIVES else 1]
+    calls = calls_at_ready if primitive == "list" else cloud.state.call_counts()
+    faulted_calls = calls.get((primitive, _region_of(primitive)), 0)
+    if expect == FAULT_FREE:
+        # Same outcome as without the fault: only a retry explains it (the failed call and
+        # the one that went through; the fault-free run makes one).
+        assert faulted_calls == 2, calls
+    elif expect.leaks:
+        assert faulted_calls == 1, calls  # an aborting kind is not retried
+
+
 @pytest.mark.parametrize(("primitive", "kind"), CELLS, ids=[f"{p}-{k.value}" for p, k in CELLS])
 async def test_fault_matrix(
     client, task_queue, job_name, tmp_path, primitive: str, kind: ErrorKind
@@ -185,18 +209,7 @@ async def test_fault_matrix(
         assert blocks == expect.blocks
         assert bool(final.leaks) is expect.leaks
         assert_one_create_per_vm(cloud)
-        # The injected fault happened, once, in the phase it aims at: teardown faults only
-        # during release, the others before the job was ready (or ended).
-        assert cloud.fault_fires() == [(rule, 1)]
-        assert fired_at_ready == [0 if primitive in TEARDOWN_PRIMITIVES else 1]
-        calls = calls_at_ready if primitive == "list" else cloud.state.call_counts()
-        faulted_calls = calls.get((primitive, _region_of(primitive)), 0)
-        if expect == FAULT_FREE:
-            # Same outcome as without the fault: only a retry explains it (the failed call
-            # and the one that went through; the fault-free run makes one).
-            assert faulted_calls == 2, calls
-        elif expect.leaks:
-            assert faulted_calls == 1, calls  # an aborting kind is not retried
+        _assert_the_fault_happened(cloud, rule, primitive, expect, fired_at_ready, calls_at_ready)
         if expect.leaks:
             # Teardown gave up on an aborting kind: the status names the possible orphan,
             # and the database records it for the reconciler.
