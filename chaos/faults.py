@@ -7,7 +7,9 @@ rule's `after`/`times` counters live in that file too).
 Coverage: whatever N, the plan holds an `error` rule for every ErrorKind, each on a different
 primitive (a random pairing of the seven kinds with the seven primitives), plus one rule of each
 other effect (lost_response, boot_failed, boot_hang, bad_runtime, delay). Further rules are
-drawn at random until there are about `density` rules per job.
+drawn at random until there are about `density` rules per job. A planned rule is not an
+injected fault: one aimed at a job that never reaches its step never fires, so the summary
+reports coverage from the cloud's ledger of the rules that fired.
 
 Targeting: job-scoped rules name a VM prefix. prepare/create and the create effects hit the
 job's first attempt only (`<job>-a1-`), so failing over to another offer can still succeed;

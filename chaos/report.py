@@ -15,6 +15,30 @@ class Check:
     detail: list[str] = field(default_factory=list)  # what went wrong, precisely
 
 
+@dataclass(frozen=True)
+class ResolvedOrphan:
+    """An orphan record the reconcile pass closed, and what the cloud's ledger showed of its VM
+    around the pass."""
+
+    vm: str
+    machines_before: tuple[str, ...]  # instance ids live before the pass
+    side_before: bool  # side resources live before the pass
+    gone_after: bool  # neither left after it
+
+    @property
+    def machine_removed(self) -> bool:
+        return bool(self.machines_before) and self.gone_after
+
+    def describe(self) -> str:
+        if self.machines_before:
+            seen = f"machine {', '.join(self.machines_before)} live before the pass"
+        elif self.side_before:
+            seen = "side resources only live before the pass"
+        else:
+            seen = "nothing live before the pass"
+        return f"{self.vm}: {seen}; {'gone' if self.gone_after else 'STILL LIVE'} after"
+
+
 @dataclass
 class JobOutcome:
     name: str
@@ -47,15 +71,21 @@ class Summary:
     fault_rules: int = 0
     fault_rules_fired: int = 0
     fault_hits: int = 0  # calls that a rule fired on
-    faults_by_effect: dict[str, int] = field(default_factory=dict)
-    faults_by_primitive: dict[str, int] = field(default_factory=dict)
-    fault_kinds: dict[str, int] = field(default_factory=dict)
+    faults_by_effect: dict[str, int] = field(default_factory=dict)  # planned rules
+    # rules that fired (the cloud's ledger), by effect, primitive and ErrorKind
+    fired_by_effect: dict[str, int] = field(default_factory=dict)
+    fired_by_primitive: dict[str, int] = field(default_factory=dict)
+    fired_kinds: dict[str, int] = field(default_factory=dict)
+    deck_size: int = 0  # rules of the every-kind deck
+    deck_not_fired: list[str] = field(default_factory=list)
     calls: dict[str, int] = field(default_factory=dict)  # cloud calls by primitive
     vms: int = 0
     creates_max: int = 0
     live_before_reconcile: list[str] = field(default_factory=list)
     side_before_reconcile: list[str] = field(default_factory=list)
     orphans_before_reconcile: list[str] = field(default_factory=list)
+    # per orphan record the pass closed: what the ledger showed of its VM before and after
+    orphans_resolved: list[ResolvedOrphan] = field(default_factory=list)
     reconcile: str = "not run"
     reconcile_detail: list[str] = field(default_factory=list)
     live_after: list[str] = field(default_factory=list)
@@ -85,9 +115,13 @@ class Summary:
         fired += f" on {self.fault_hits} call(s)"
         return [
             f"jobs: {len(self.jobs)} submitted; by terminal state: {', '.join(parts) or 'none'}",
-            f"faults: {fired}; by effect: {_counts(self.faults_by_effect)}",
-            f"  by primitive: {_counts(self.faults_by_primitive)}",
-            f"  error/lost_response kinds: {_counts(self.fault_kinds)}",
+            f"faults: {fired}; planned by effect: {_counts(self.faults_by_effect)}",
+            f"  fired by effect: {_counts(self.fired_by_effect)}",
+            f"  fired by primitive: {_counts(self.fired_by_primitive)}",
+            f"  fired error/lost_response kinds: {_counts(self.fired_kinds)}",
+            f"  every-kind deck: {self.deck_size - len(self.deck_not_fired)}/{self.deck_size}"
+            " fired"
+            + (f" (never fired: {'; '.join(self.deck_not_fired)})" if self.deck_not_fired else ""),
             f"cloud calls: {_counts(self.calls)}",
             f"disruptions: worker SIGKILLs {self.kills_done}/{self.kills_requested}, "
             f"dev server restarts {self.restarts_done}/{self.restarts_requested}, "
@@ -97,6 +131,10 @@ class Summary:
             f"live side resources {len(self.side_before_reconcile)}, "
             f"open orphans {len(self.orphans_before_reconcile)}",
             f"reconcile pass: {self.reconcile}",
+            f"orphans the pass resolved: {len(self.orphans_resolved)} of "
+            f"{len(self.orphans_before_reconcile)}; their machines live before it and gone "
+            f"after: {sum(1 for orphan in self.orphans_resolved if orphan.machine_removed)}",
+            *(f"  {orphan.describe()}" for orphan in self.orphans_resolved[:40]),
             f"workflow task waits: {self.waits or 'not measured'}",
             f"elapsed: {self.elapsed:.1f}s",
         ]

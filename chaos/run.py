@@ -25,7 +25,6 @@ import contextlib
 import random
 import shlex
 import shutil
-import sqlite3
 import sys
 import tempfile
 import time
@@ -42,7 +41,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from chaos.faults import FaultPlan, Timings, plan_faults, worker_config
 from chaos.processes import DevServer, WorkerProcess
-from chaos.report import Check, JobOutcome, Summary
+from chaos.report import Check, JobOutcome, ResolvedOrphan, Summary
 from chaos.stalls import THRESHOLD, JobTimes, find_stalls, stall_lines
 from gpuprov import search_attributes
 from gpuprov.api import create_app, serving
@@ -541,6 +540,7 @@ class ChaosRun:
         summary.live_before_reconcile = before["live"]
         summary.side_before_reconcile = before["side"]
         summary.orphans_before_reconcile = self._open_orphans()
+        orphan_vms = self._open_orphan_vms()
         unrecorded = self._unrecorded(before["live_vms"])
         await self._reconcile_once()
         await asyncio.sleep(self.timings.delete_delay + 0.5)
@@ -548,6 +548,9 @@ class ChaosRun:
         summary.live_after = after["live"]
         summary.side_after = after["side"]
         summary.orphans_after = self._open_orphans()
+        summary.orphans_resolved = _resolved_orphans(
+            orphan_vms, set(self._open_orphan_vms()), before, after
+        )
         self._fault_stats()
         self._checks(after, unrecorded)
 
@@ -631,7 +634,9 @@ class ChaosRun:
         return {
             "live": [f"{r.vm} {r.id} ({r.boot_mode}, deleted_at={r.deleted_at})" for r in live],
             "live_vms": sorted({r.vm for r in live}),
+            "live_ids": {vm: [r.id for r in live if r.vm == vm] for vm in {r.vm for r in live}},
             "side": [f"{vm} {region} {kind} {name}" for vm, region, kind, name in side],
+            "side_vms": sorted({vm for vm, _region, _kind, _name in side}),
             "creates": creates,
             "rows": rows,
         }
@@ -642,6 +647,10 @@ class ChaosRun:
             f"{o.vm} ({o.provider}/{o.region}, attempts {o.attempts}): {o.last_error}"
             for o in self.records.open_orphans()
         ]
+
+    def _open_orphan_vms(self) -> list[str]:
+        assert self.records is not None
+        return [o.vm for o in self.records.open_orphans()]
 
     def _unrecorded(self, live_vms: list[str]) -> list[str]:
         """Live machines no open orphan record names, once every job has ended."""
@@ -688,20 +697,28 @@ class ChaosRun:
         self.event(f"reconcile pass done: {summary.reconcile}")
 
     def _fault_stats(self) -> None:
+        """What was planned, and what the cloud's ledger says actually fired: coverage is
+        judged on the second (a rule whose call never came injected nothing)."""
         summary, plan = self.summary, self.plan.faults
         summary.fault_rules = len(plan.faults)
         summary.faults_by_effect = dict(plan.by_effect())
-        summary.faults_by_primitive = dict(plan.by_primitive())
-        summary.fault_kinds = dict(plan.error_kinds())
-        with contextlib.closing(sqlite3.connect(self.state_path)) as db:
-            hits = dict(db.execute("SELECT rule, matched FROM fault_hits").fetchall())
-        for index, fault in enumerate(plan.faults):
-            matched = hits.get(index, 0)
-            fired = max(0, matched - fault.rule.after)
-            if fault.rule.times is not None:
-                fired = min(fired, fault.rule.times)
-            summary.fault_hits += fired
-            summary.fault_rules_fired += fired > 0
+        state = FakeCloudState(str(self.state_path))
+        try:
+            fires = state.fault_fires()  # rule index -> calls it fired on
+        finally:
+            state.close()
+        fired = FaultPlan([f for i, f in enumerate(plan.faults) if fires.get(i, 0) > 0])
+        summary.fault_hits = sum(fires.values())
+        summary.fault_rules_fired = len(fired.faults)
+        summary.fired_by_effect = dict(fired.by_effect())
+        summary.fired_by_primitive = dict(fired.by_primitive())
+        summary.fired_kinds = dict(fired.error_kinds())
+        summary.deck_not_fired = [
+            fault.describe()
+            for index, fault in enumerate(plan.faults)
+            if fault.coverage and not fires.get(index)
+        ]
+        summary.deck_size = sum(1 for fault in plan.faults if fault.coverage)
 
     # ------------------------------------------------------------------ checks
 
@@ -817,6 +834,23 @@ class ChaosRun:
 
     def _epoch_start(self) -> float:
         return time.time() - (time.monotonic() - self.started)
+
+
+def _resolved_orphans(
+    open_before: list[str], open_after: set[str], before: dict[str, Any], after: dict[str, Any]
+) -> list[ResolvedOrphan]:
+    """Each orphan record the pass closed, with what the ledger showed of its VM before and
+    after the pass."""
+    return [
+        ResolvedOrphan(
+            vm=vm,
+            machines_before=tuple(before["live_ids"].get(vm, ())),
+            side_before=vm in before["side_vms"],
+            gone_after=vm not in after["live_vms"] and vm not in after["side_vms"],
+        )
+        for vm in open_before
+        if vm not in open_after
+    ]
 
 
 def _waits_line(times: list[JobTimes], timed_out: set[str]) -> str:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import inspect
 import json
 import tempfile
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -24,6 +26,9 @@ from providers.fake import FakeCloud, FakeCloudState
 OFFER_A = "fake/r1-a/gpu8"
 OFFER_B = "fake/r1-b/gpu8"
 OFFER_C = "fake/r2-a/gpu8"
+# A seed for `fake_worker(..., shuffle_offers=SHUFFLED)`: the fake's plan then answers C, B, A
+# (dearest first, the tie the wrong way round), so only the workflow's ranking tries A first.
+SHUFFLED = 4
 
 
 def fast_cloud(faults: list[FaultRule] | None = None, **overrides: Any) -> FakeProviderConfig:
@@ -66,11 +71,12 @@ async def fake_worker(
     config: FakeProviderConfig,
     records: Records | None = None,
     api_url: str = "http://127.0.0.1:9",  # nothing listens: only agent tests need the API
+    shuffle_offers: int | None = None,  # the fake's plan order: a seeded shuffle
 ) -> AsyncIterator[tuple[GpuprovClient, FakeCloud]]:
     """A worker with the fake cloud and a real database (a fresh SQLite file unless given)."""
     with tempfile.TemporaryDirectory(prefix="gpuprov-test-") as data_dir:
         own_records = records or open_records(f"sqlite:///{data_dir}/gpuprov.db")
-        cloud = FakeCloud(config)
+        cloud = FakeCloud(config, shuffle_offers=shuffle_offers)
         worker = build_worker(client, task_queue, {"fake": cloud}, own_records, api_url=api_url)
         try:
             async with worker:
@@ -85,13 +91,35 @@ async def until(handle: JobHandle, predicate: Any, timeout: float = 60) -> JobSt
     return await handle.wait_for(predicate, timeout=timeout, poll_interval=0.1)
 
 
-async def ready_then_release(handle: JobHandle, timeout: float = 60) -> tuple[JobStatus, JobStatus]:
-    """Wait for ready (or an end), release if ready, and return (at ready, final)."""
+async def ready_then_release(
+    handle: JobHandle, timeout: float = 60, on_ready: Callable[[JobStatus], None] | None = None
+) -> tuple[JobStatus, JobStatus]:
+    """Wait for ready (or an end), release if ready, and return (at ready, final).
+    `on_ready` sees the status at that moment, before the release (or the end) goes on."""
     at_ready = await until(handle, lambda s: s.state is JobState.READY, timeout)
+    if on_ready is not None:
+        on_ready(at_ready)
     if at_ready.state is JobState.READY:
         await handle.release()
     final = await asyncio.wait_for(handle.result(), timeout)
     return at_ready, final
+
+
+async def eventually(
+    check: Callable[[], Any], what: str, timeout: float = 15, interval: float = 0.02
+) -> Any:
+    """Poll `check` (plain or async) until it returns something truthy, and return that; after
+    `timeout` seconds, fail naming `what` was waited for. A test waits for the state it needs
+    this way, never by sleeping and hoping the state was reached."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return result
+        assert time.monotonic() < deadline, f"never reached: {what}"
+        await asyncio.sleep(interval)
 
 
 def assert_nothing_left(cloud: FakeCloud) -> None:
@@ -113,6 +141,8 @@ def creates_by_node(state: FakeCloudState) -> dict[str, int]:
 
 
 def assert_one_create_per_vm(cloud: FakeCloud) -> None:
+    """No VM identity was created twice (vacuous when nothing was created: a caller that
+    expects machines shows them another way)."""
     creates = cloud.state.creates_per_vm()
     assert all(count == 1 for count in creates.values()), creates
 

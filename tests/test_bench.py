@@ -27,9 +27,10 @@ async def test_bench_smallest_sizes_run_and_render(client: Client) -> None:
     await run_all(SMALLEST, results, client)
 
     assert results.throughput is not None and results.throughput.error is None
-    assert all(t.ok for t in results.throughput.timings)
+    assert results.throughput.timings and all(t.ok for t in results.throughput.timings)
     assert results.floor is not None and results.floor.error is None
-    assert all(t.ok for t in results.floor.timings)  # the no-work skeleton ends like a job
+    assert results.floor.timings  # the no-work skeleton ends like a job
+    assert all(t.ok for t in results.floor.timings)
     for run in results.overhead:
         assert run.error is None
         assert [t.ok for t in run.gpuprov] == [True] * run.jobs

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -22,7 +23,7 @@ from gpuprov.engine import open_records
 from gpuprov.models import JobState
 from gpuprov.records import Records
 from providers.fake import FakeCloudState
-from tests.helpers import creates_by_node, job, until
+from tests.helpers import creates_by_node, eventually, job, until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -105,10 +106,22 @@ async def wait_for_db(records: Records, job_name: str, ready: Callable[[list], b
     raise AssertionError("the database never reached the expected state")
 
 
+def booted(ledger_path: Path, machines: int, delay: float) -> bool:
+    """The ledger holds `machines` instances, all created at least `delay` seconds ago (the
+    fake cloud reports an instance Running once its boot delay has passed)."""
+    ledger = FakeCloudState(str(ledger_path))
+    try:
+        rows = ledger.instances()
+    finally:
+        ledger.close()
+    return len(rows) == machines and all(time.time() - row.created_at >= delay for row in rows)
+
+
 async def finish_and_check(stack: Stack, handle, job_name: str, nodes: int) -> None:
     ready = await until(handle, lambda s: s.state is JobState.READY, 120)
     assert ready.state is JobState.READY, stack.log.read_text()[-3000:]
-    assert all(node.worker_id for node in ready.nodes if node.status == "running")
+    running = [node for node in ready.nodes if node.status == "running"]
+    assert len(running) == nodes and all(node.worker_id for node in running)
     await handle.release()
     final = await asyncio.wait_for(handle.result(), 60)
     assert final.state is JobState.COMPLETED
@@ -148,7 +161,8 @@ async def test_worker_killed_between_creating_and_registering(
         assert created.state is JobState.PROVISIONING, s.log.read_text()
         await wait_for_db(s.records, job_name, lambda vms: {v.status for v in vms} == {"created"})
         s.kill_worker()
-        await asyncio.sleep(6)  # the machines boot while no worker runs
+        # the machines boot while no worker runs: the ledger shows both past their boot delay
+        await eventually(lambda: booted(s.ledger, machines=2, delay=5), "both machines booted")
         s.start_worker()
         await finish_and_check(s, handle, job_name, nodes=2)
 

@@ -2,7 +2,10 @@
 
 Primitive -> what happens in the ledger:
 - plan: one offer per (region, zone, instance type), plus a spot offer where a spot price is
-  configured; price source "simulated", None where the catalogue has no price.
+  configured; price source "simulated", None where the catalogue has no price. Cheapest first,
+  unless the cloud was built with `shuffle_offers=<seed>`: then in a seeded, deterministic
+  shuffle, as a real cloud's API answers in an order of its own (a test of the core's ranking
+  that sees offers already in ranked order cannot fail).
 - prepare: records a per-VM firewall side resource (idempotent).
 - create: adds one instance row labelled with the VM; `boot_mode` comes from fault effects.
 - observe: instances of the VM in the region that are not gone; Pending until boot_delay has
@@ -15,12 +18,15 @@ Primitive -> what happens in the ledger:
 - delete: marks the given ids deleted (unknown ids are success).
 - cleanup: deletes the VM's side resources in the region.
 
-Every primitive first counts the call and consults the fault rules (see `FaultRule`).
+Every primitive first counts the call and consults the fault rules (see `FaultRule`); the
+ledger counts each rule's firings too (`fault_fires`), so a test can tell a fault that happened
+from one that never matched.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -51,9 +57,16 @@ PRICE_SOURCE = "simulated"
 class FakeCloud(CloudProvider):
     name = PROVIDER_ID
 
-    def __init__(self, config: FakeProviderConfig, state: FakeCloudState | None = None) -> None:
+    def __init__(
+        self,
+        config: FakeProviderConfig,
+        state: FakeCloudState | None = None,
+        *,
+        shuffle_offers: int | None = None,
+    ) -> None:
         self.config = config
         self.state = state or FakeCloudState(config.state_path)
+        self.shuffle_offers = shuffle_offers  # seed of plan's offer order; None: cheapest first
         self._agents: dict[str, asyncio.Task[None]] = {}  # instance id -> registering agent
 
     def capabilities(self) -> Capabilities:
@@ -80,7 +93,10 @@ class FakeCloud(CloudProvider):
             if instance_type.regions is None or region.name in instance_type.regions
             for offer in self._offers_for(region.name, zone, instance_type)
         ]
-        return sorted(offers, key=_offer_order)
+        offers.sort(key=_offer_order)
+        if self.shuffle_offers is not None:
+            random.Random(self.shuffle_offers).shuffle(offers)
+        return offers
 
     async def prepare(self, offer: Offer, spec: InstanceSpec) -> dict[str, Any]:
         await self._enter("prepare", region=offer.region, offer=offer.id, vm=spec.vm)
@@ -151,6 +167,19 @@ class FakeCloud(CloudProvider):
 
     def live_instances(self) -> list[InstanceRow]:
         return self.state.live_instances(self.config.delete_delay_seconds)
+
+    def fault_fires(self) -> list[tuple[FaultRule, int]]:
+        """Each configured fault rule, in order, with the number of calls it fired on (a
+        `delay` fires too): a test can show that the fault it injected happened."""
+        fired = self.state.fault_fires()
+        return [(rule, fired.get(index, 0)) for index, rule in enumerate(self.config.faults)]
+
+    def fired(self, rule: FaultRule) -> int:
+        """Calls `rule` (one of the configured rules, compared by value) fired on."""
+        counts = [n for configured, n in self.fault_fires() if configured == rule]
+        if not counts:
+            raise KeyError(f"not a configured fault rule: {rule!r}")
+        return sum(counts)
 
     # ------------------------------------------------------------------ internals
 

@@ -43,6 +43,10 @@ CREATE TABLE IF NOT EXISTS fault_hits (
     rule INTEGER PRIMARY KEY,
     matched INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS fault_fires (
+    rule INTEGER PRIMARY KEY,
+    fired INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS calls (
     primitive TEXT NOT NULL,
     region TEXT NOT NULL,
@@ -105,7 +109,8 @@ class FakeCloudState:
         return {(primitive, region): n for primitive, region, n in rows}
 
     def hit_fault(self, rule: int, after: int, times: int | None) -> bool:
-        """Count one matching call for `rule`; True if this call is one the rule fires on."""
+        """Count one matching call for `rule`; True if this call is one the rule fires on
+        (and then the firing is counted too)."""
         with self._transaction() as db:
             db.execute(
                 "INSERT INTO fault_hits VALUES (?, 1) "
@@ -115,7 +120,19 @@ class FakeCloudState:
             (matched,) = db.execute(
                 "SELECT matched FROM fault_hits WHERE rule = ?", (rule,)
             ).fetchone()
-        return matched > after and (times is None or matched <= after + times)
+            fires = matched > after and (times is None or matched <= after + times)
+            if fires:
+                db.execute(
+                    "INSERT INTO fault_fires VALUES (?, 1) "
+                    "ON CONFLICT (rule) DO UPDATE SET fired = fired + 1",
+                    (rule,),
+                )
+        return fires
+
+    def fault_fires(self) -> dict[int, int]:
+        """Times each rule fired, by its index in the configured list (rules that never fired
+        are absent)."""
+        return dict(self._db.execute("SELECT rule, fired FROM fault_fires").fetchall())
 
     # ------------------------------------------------------------------ instances
 

@@ -44,7 +44,7 @@ from gpuprov.db import JoinToken, WorkerRecord
 from gpuprov.engine import open_records
 from gpuprov.records import Records
 from providers.base import SshEndpoint
-from tests.helpers import decoded_history
+from tests.helpers import decoded_history, eventually
 from tests.sshd import (
     TestServer,
     free_port,
@@ -231,6 +231,7 @@ async def test_agent_registers_over_openssh_with_the_token_only_on_its_stdin(
     assert "Opening SSH connection" in caplog.text and token not in caplog.text
     assert "Accepted publickey" in sshd_log and token not in sshd_log
     node_files = files_under(sshd.home)
+    assert node_files  # the agent was put there: there is something to scan
     assert all(token.encode() not in content for content in node_files.values())
     assert not [name for name in node_files if "history" in name]
     agent = sshd.home / REMOTE_ROOT / VM / "agent.py"
@@ -264,7 +265,13 @@ async def test_a_key_not_yet_authorized_is_retried_until_cloud_init_adds_it(
     with running_sshd(tmp_path / "sshd", rsa_too=True) as sshd:
         beats: list[Any] = []
         attempt = asyncio.create_task(run(bootstrapper(records, keys, plane), to(sshd), beats))
-        await asyncio.sleep(0.6)
+
+        def refused() -> bool:
+            problems = [details[0].get("last_problem") for details in beats if details]
+            return any(problem and "permission denied" in problem for problem in problems)
+
+        # the key was refused at least once (and is being retried) before cloud-init adds it
+        await eventually(refused, "a try refused with permission denied")
         assert not attempt.done()
         sshd.authorize(keys.client_key())
         result = await attempt
@@ -374,10 +381,20 @@ async def test_a_late_sshd_is_waited_for(
     tmp_path: Path, records: Records, keys: KeyStore, plane: ControlPlane
 ) -> None:
     port = free_port()
+    beats: list[Any] = []
     attempt = asyncio.create_task(
-        run(bootstrapper(records, keys, plane), request_for("127.0.0.1", port, boot_timeout=10))
+        run(
+            bootstrapper(records, keys, plane),
+            request_for("127.0.0.1", port, boot_timeout=10),
+            beats,
+        )
     )
-    await asyncio.sleep(0.5)
+    # a try found nothing listening (and is being retried) before the sshd comes up
+    await eventually(
+        lambda: any(details and details[0].get("attempts") for details in beats),
+        "a failed connection try",
+    )
+    assert not attempt.done()
     node = await start_asyncssh_server(tmp_path / "node", port=port, authorized=[keys.client_key()])
     try:
         result = await attempt

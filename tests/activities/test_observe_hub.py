@@ -12,6 +12,7 @@ from providers.base import (
     Location,
     Observed,
 )
+from tests.helpers import eventually
 
 R1 = Location(provider="rec", region="r1", zone="r1-a")
 INTERVAL = 0.2
@@ -89,7 +90,8 @@ async def test_a_waiter_is_never_answered_by_a_list_that_started_before_it_asked
 
     cloud, hub = RecordingCloud(list_seconds=0.3), ObserveHub()
     first = asyncio.create_task(hub.observe(cloud, R1, "vm-0", INTERVAL))
-    await asyncio.sleep(0.1)  # the first list is in flight and saw no instance
+    # the first list is in flight and saw no instance (it snapshots as it starts)
+    await eventually(lambda: len(cloud.list_starts) == 1, "the first list call started")
     cloud.instances["vm-0"] = running("i-0")  # the machine appears now
     asked_at = asyncio.get_running_loop().time()
     late = await hub.observe(cloud, R1, "vm-0", INTERVAL)
@@ -104,8 +106,8 @@ async def test_one_waiter_cancelled_does_not_cancel_the_shared_call():
     cloud.instances["vm-1"] = running("i-1")
     doomed = asyncio.create_task(hub.observe(cloud, R1, "vm-0", INTERVAL))
     survivor = asyncio.create_task(hub.observe(cloud, R1, "vm-1", INTERVAL))
-    await asyncio.sleep(0.05)
-    doomed.cancel()
+    await eventually(lambda: cloud.list_starts, "the shared list call started")
+    doomed.cancel()  # while both wait on that one call
     assert [o.id for o in await survivor] == ["i-1"]
     assert len(cloud.list_starts) == 1
 
@@ -120,8 +122,14 @@ async def test_a_cloud_that_cannot_list_a_region_is_observed_per_vm():
 
 
 class FailingCloud(RecordingCloud):
+    def __init__(self) -> None:
+        super().__init__()
+        self.failed = False
+
     async def observe_region(self, location: Location) -> dict[str, list[Observed]] | None:
+        self.list_starts.append(asyncio.get_running_loop().time())
         await asyncio.sleep(0.1)
+        self.failed = True
         raise RuntimeError("the cloud is closed")
 
 
@@ -133,11 +141,13 @@ async def test_a_list_call_nobody_waits_for_any_more_does_not_log_an_unhandled_e
     previous = loop.get_exception_handler()
     loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
     try:
-        hub = ObserveHub()
-        waiter = asyncio.create_task(hub.observe(FailingCloud(), R1, "vm-0", INTERVAL))
-        await asyncio.sleep(0.02)
+        hub, cloud = ObserveHub(), FailingCloud()
+        waiter = asyncio.create_task(hub.observe(cloud, R1, "vm-0", INTERVAL))
+        await eventually(lambda: cloud.list_starts, "the shared list call started")
         waiter.cancel()  # its activity was cancelled; the shared call goes on and fails
-        await asyncio.sleep(0.3)
+        await eventually(lambda: cloud.failed, "the shared list call failed")
+        for _ in range(3):  # its task ends and its done callbacks run
+            await asyncio.sleep(0)
         gc.collect()
         await asyncio.sleep(0)
     finally:

@@ -3,7 +3,6 @@ CloudProvider.diagnose derived from observe (exercised through the fake cloud)."
 
 from __future__ import annotations
 
-import asyncio
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,6 +24,7 @@ from providers.base import (
 )
 from providers.fake import FakeCloud
 from providers.fake.config import FakeInstanceType, FakeProviderConfig, FakeRegion, FaultRule
+from tests.helpers import eventually
 
 
 def offer(**overrides: Any) -> Offer:
@@ -259,10 +259,27 @@ async def launch(cloud: FakeCloud, vm: str = "job-a1-n0") -> tuple[Offer, list[s
     return first, await cloud.create(first, prepared, spec(vm))
 
 
+async def booted(cloud: FakeCloud, offer: Offer, vm: str = "job-a1-n0") -> None:
+    """Polls until no instance of `vm` is Pending any more (Running, or Failed)."""
+
+    async def done() -> bool:
+        found = await cloud.observe(offer.location, vm)
+        return bool(found) and all(o.status is not InstanceStatus.PENDING for o in found)
+
+    await eventually(done, f"{vm} booted")
+
+
+async def wait_gone(cloud: FakeCloud, offer: Offer, vm: str = "job-a1-n0") -> None:
+    async def nothing() -> bool:
+        return await cloud.observe(offer.location, vm) == []
+
+    await eventually(nothing, f"{vm} gone")
+
+
 async def test_running_instance_is_healthy() -> None:
     cloud = small_cloud()
     first, ids = await launch(cloud)
-    await asyncio.sleep(BOOT * 2)
+    await booted(cloud, first)
     diagnosis = await cloud.diagnose(first.location, "job-a1-n0")
     assert diagnosis.instance is not None and diagnosis.instance.id == ids[0]
     assert diagnosis.findings == []
@@ -281,7 +298,7 @@ async def test_pending_instance_is_degraded() -> None:
 async def test_boot_failed_instance_is_unhealthy_with_the_providers_words() -> None:
     cloud = small_cloud([FaultRule(primitive="create", effect="boot_failed")])
     first, _ = await launch(cloud)
-    await asyncio.sleep(BOOT * 2)
+    await booted(cloud, first)
     diagnosis = await cloud.diagnose(first.location, "job-a1-n0")
     assert diagnosis.verdict is Verdict.UNHEALTHY
     assert [(f.severity, f.code) for f in diagnosis.findings] == [(Severity.CRITICAL, "failed")]
@@ -291,12 +308,12 @@ async def test_boot_failed_instance_is_unhealthy_with_the_providers_words() -> N
 async def test_stopping_instance_is_degraded_then_gone_after_delete() -> None:
     cloud = small_cloud()
     first, ids = await launch(cloud)
-    await asyncio.sleep(BOOT * 2)
+    await booted(cloud, first)
     await cloud.delete(first.location, "job-a1-n0", ids)
     stopping = await cloud.diagnose(first.location, "job-a1-n0")
     assert stopping.verdict is Verdict.DEGRADED
     assert [f.code for f in stopping.findings] == ["stopping"]
-    await asyncio.sleep(DELETE * 2)
+    await wait_gone(cloud, first)
     gone = await cloud.diagnose(first.location, "job-a1-n0")
     assert gone.instance is None
     assert gone.verdict is Verdict.GONE
@@ -312,7 +329,7 @@ async def test_two_instances_with_one_identity_are_flagged_as_duplicate() -> Non
     cloud = small_cloud()
     first, ids = await launch(cloud)
     second_ids = await cloud.create(first, {}, spec())
-    await asyncio.sleep(BOOT * 2)
+    await booted(cloud, first)
     diagnosis = await cloud.diagnose(first.location, "job-a1-n0")
     assert diagnosis.verdict is Verdict.DEGRADED
     (duplicate,) = diagnosis.findings
@@ -324,7 +341,7 @@ async def test_diagnose_narrows_to_the_given_instance_id() -> None:
     cloud = small_cloud()
     first, ids = await launch(cloud)
     second_ids = await cloud.create(first, {}, spec())
-    await asyncio.sleep(BOOT * 2)
+    await booted(cloud, first)
     diagnosis = await cloud.diagnose(first.location, "job-a1-n0", second_ids[0])
     assert diagnosis.instance is not None and diagnosis.instance.id == second_ids[0]
     assert diagnosis.verdict is Verdict.HEALTHY

@@ -27,6 +27,7 @@ from providers.errors import ErrorKind
 from tests.helpers import (
     OFFER_A,
     assert_nothing_left,
+    eventually,
     fake_worker,
     fast_cloud,
     job,
@@ -98,7 +99,8 @@ async def test_a_cancel_during_planning_ends_the_job_cancelled_and_blocks_nothin
     async with fake_worker(client, task_queue, fast_cloud(faults), sqlite_records) as (gp, cloud):
         handle = await gp.submit(job(job_name))
         await until(handle, lambda s: "offers" in (s.waiting_for or ""))
-        await asyncio.sleep(0.3)  # the plan activity is running now
+        # the plan activity is running now: the cloud is inside its slow plan call
+        await eventually(lambda: cloud.fired(faults[0]) == 1, "the slow plan call under way")
         await handle.cancel()
         final = await handle.result()
         assert final.state is JobState.CANCELLED, final
@@ -137,14 +139,21 @@ async def test_cloud_calls_are_scheduled_with_a_heartbeat_timeout(
         assert 0 < heartbeats[step] <= 15, (step, heartbeats)
 
 
-async def test_the_worker_waits_for_temporal_and_stops_when_told() -> None:
+async def test_the_worker_waits_for_temporal_and_stops_when_told(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         address = f"127.0.0.1:{probe.getsockname()[1]}"
     settings = Settings(temporal=TemporalSettings(address=address))
     stop = asyncio.Event()
     connecting = asyncio.create_task(connect_patiently(settings, stop))
-    await asyncio.sleep(1.5)  # at least one failed try and one backoff
+
+    def failed_tries() -> int:
+        return sum("cannot reach Temporal" in r.getMessage() for r in caplog.records)
+
+    # two failed tries: so at least one backoff between them, and it kept trying
+    await eventually(lambda: failed_tries() >= 2, "two failed connection tries")
     assert not connecting.done()
     stop.set()
     assert await asyncio.wait_for(connecting, 5) is None

@@ -4,13 +4,11 @@ tests/providers/ssh/test_job.py."""
 
 from __future__ import annotations
 
-import asyncio
-
 from temporalio.client import Client
 
 from gpuprov.models import JobState
 from providers.base import Location, Verdict
-from tests.helpers import fake_worker, fast_cloud, job, until
+from tests.helpers import eventually, fake_worker, fast_cloud, job, until
 
 
 async def test_health_of_a_ready_job_then_of_its_machine_once_gone(
@@ -47,7 +45,7 @@ async def test_a_ready_job_checks_health_and_reports_a_machine_that_vanished(
         [node] = ready.live_nodes()
         location = Location(provider=node.provider, region=node.region, zone=node.zone)
         await cloud.delete(location, node.vm, node.instance_ids)  # e.g. preempted under us
-        await asyncio.sleep(0.5)
+        await eventually(lambda: cloud.live_instances() == [], "the machine gone from the cloud")
         vanished = await until(
             handle, lambda s: bool(s.health) and s.health[0].verdict is Verdict.GONE, timeout=20
         )

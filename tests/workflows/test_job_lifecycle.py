@@ -1,5 +1,9 @@
 """ProvisionJob end to end on the real dev server: adoption, timeouts, cancellation, multi-node,
-cost cap, release policies, search attributes."""
+cost cap, release policies, search attributes.
+
+Tests that say which offer a job tries, and in what order, run the fake cloud with its offers
+shuffled (`SHUFFLED`): the order then comes from the workflow's ranking, not from the fake's
+plan, which is already cheapest first."""
 
 from __future__ import annotations
 
@@ -8,10 +12,14 @@ import asyncio
 from gpuprov import search_attributes
 from gpuprov.config import FakeInstanceType, FakeRegion, FaultRule
 from gpuprov.models import AttemptOutcome, JobState
+from providers.base import ResourceRequest
 from providers.errors import ErrorKind
+from providers.fake import FakeCloud
 from tests.helpers import (
     OFFER_A,
     OFFER_B,
+    OFFER_C,
+    SHUFFLED,
     assert_nothing_left,
     assert_one_create_per_vm,
     creates_by_node,
@@ -23,13 +31,23 @@ from tests.helpers import (
 )
 
 
+async def _planned(config) -> list[str]:
+    """The offer ids as the shuffled fake cloud's plan returns them (a cloud of its own)."""
+    cloud = FakeCloud(config, shuffle_offers=SHUFFLED)
+    try:
+        return [offer.id for offer in await cloud.plan(ResourceRequest())]
+    finally:
+        await cloud.aclose()
+
+
 async def test_lost_create_response_adopts_the_instance_instead_of_duplicating(
     client, task_queue, job_name
 ):
     lost = FaultRule(
         primitive="create", effect="lost_response", message="connection reset", times=1
     )
-    async with fake_worker(client, task_queue, fast_cloud([lost])) as (gpuprov, cloud):
+    config = fast_cloud([lost])
+    async with fake_worker(client, task_queue, config, shuffle_offers=SHUFFLED) as (gpuprov, cloud):
         handle = await gpuprov.submit(job(job_name))
         at_ready, final = await ready_then_release(handle)
         assert at_ready.state is JobState.READY
@@ -45,7 +63,7 @@ async def test_boot_that_never_finishes_times_out_tears_down_and_fails_over(
 ):
     hang = FaultRule(primitive="create", effect="boot_hang", offer=OFFER_A)
     config = fast_cloud([hang], boot_timeout=2)
-    async with fake_worker(client, task_queue, config) as (gpuprov, cloud):
+    async with fake_worker(client, task_queue, config, shuffle_offers=SHUFFLED) as (gpuprov, cloud):
         handle = await gpuprov.submit(job(job_name))
         at_ready, final = await ready_then_release(handle)
         first, second = at_ready.attempts
@@ -64,7 +82,8 @@ async def test_boot_that_never_finishes_times_out_tears_down_and_fails_over(
 
 async def test_boot_into_failed_is_torn_down_and_next_offer_used(client, task_queue, job_name):
     broken = FaultRule(primitive="create", effect="boot_failed", offer=OFFER_A)
-    async with fake_worker(client, task_queue, fast_cloud([broken])) as (gpuprov, cloud):
+    config = fast_cloud([broken])
+    async with fake_worker(client, task_queue, config, shuffle_offers=SHUFFLED) as (gpuprov, cloud):
         handle = await gpuprov.submit(job(job_name))
         at_ready, final = await ready_then_release(handle)
         assert at_ready.attempts[0].kind is ErrorKind.FAILED
@@ -78,7 +97,8 @@ async def test_three_node_job_with_one_failed_node_tears_down_the_whole_attempt(
     client, task_queue, job_name
 ):
     broken = FaultRule(primitive="create", effect="boot_failed", vm=f"{job_name}-a1-n1")
-    async with fake_worker(client, task_queue, fast_cloud([broken])) as (gpuprov, cloud):
+    config = fast_cloud([broken])
+    async with fake_worker(client, task_queue, config, shuffle_offers=SHUFFLED) as (gpuprov, cloud):
         handle = await gpuprov.submit(job(job_name, nodes=3))
         at_ready, final = await ready_then_release(handle)
         assert [a.offer.id for a in at_ready.attempts] == [OFFER_A, OFFER_B]
@@ -141,13 +161,13 @@ async def test_cancel_during_wait_running_leaves_no_instance(client, task_queue,
 async def test_cancel_during_compensation_still_finishes_the_teardown(client, task_queue, job_name):
     broken = FaultRule(primitive="create", effect="boot_failed", offer=OFFER_A)
     config = fast_cloud([broken], delete_delay_seconds=3)
-    async with fake_worker(client, task_queue, config) as (gpuprov, cloud):
+    async with fake_worker(client, task_queue, config, shuffle_offers=SHUFFLED) as (gpuprov, cloud):
         handle = await gpuprov.submit(job(job_name, nodes=2))
         await _cancel_when(handle, lambda s: (s.waiting_for or "").startswith("teardown"))
         final = await asyncio.wait_for(handle.result(), 60)
         assert final.state is JobState.CANCELLED
         assert [a.offer.id for a in final.attempts] == [OFFER_A]  # no failover after cancel
-        assert all(n.status == "terminated" for n in final.nodes)
+        assert final.nodes and all(n.status == "terminated" for n in final.nodes)
         assert_nothing_left(cloud)
 
 
@@ -180,14 +200,25 @@ async def test_unpriced_offers_are_tried_last_without_a_cap(client, task_queue, 
         FakeInstanceType(name="z-priced", gpu="H100", gpu_count=8, price=50.0),
     ]
     config = fast_cloud(regions=[FakeRegion(name="r1")], instance_types=catalogue)
-    async with fake_worker(client, task_queue, config) as (gpuprov, _cloud):
+    # The cloud answers unpriced first: only the workflow's ranking puts the priced one first.
+    assert await _planned(config) == ["fake/r1/a-unpriced", "fake/r1/z-priced"]
+    async with fake_worker(client, task_queue, config, shuffle_offers=SHUFFLED) as (
+        gpuprov,
+        _cloud,
+    ):
         at_ready, _ = await ready_then_release(await gpuprov.submit(job(job_name)))
         assert at_ready.attempts[0].offer.id == "fake/r1/z-priced"
 
 
 async def test_equal_prices_break_ties_by_offer_id(client, task_queue, job_name):
-    # OFFER_A and OFFER_B cost the same; A sorts first by id, so it is tried first.
-    async with fake_worker(client, task_queue, fast_cloud()) as (gpuprov, _cloud):
+    # OFFER_A and OFFER_B cost the same; A sorts first by id, so it is tried first. The cloud
+    # answers dearest first and the tie the other way round: only the ranking picks A.
+    config = fast_cloud()
+    assert await _planned(config) == [OFFER_C, OFFER_B, OFFER_A]
+    async with fake_worker(client, task_queue, config, shuffle_offers=SHUFFLED) as (
+        gpuprov,
+        _cloud,
+    ):
         at_ready, _ = await ready_then_release(await gpuprov.submit(job(job_name)))
         assert [a.offer.id for a in at_ready.attempts] == [OFFER_A]
 

@@ -224,6 +224,7 @@ async def test_many_jobs_racing_for_one_existing_worker_only_one_gets_it(
         assert len(winners) == 1
         assert [w.worker_id for w in winners[0].existing_workers] == [worker_id]
         losers = [s for s in ends if s.state is JobState.FAILED]
+        assert len(losers) == len(handles) - 1
         assert all("no existing worker is eligible" in (s.error or "") for s in losers)
         winner = handles[ends.index(winners[0])]
         await winner.release()

@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from providers.base import InstanceSpec, InstanceStatus, Location, Offer, ResourceRequest
+from providers.base import (
+    InstanceSpec,
+    InstanceStatus,
+    Location,
+    Observed,
+    Offer,
+    ResourceRequest,
+)
 from providers.errors import ErrorKind, ProviderError
 from providers.fake import FakeCloud
 from providers.fake.config import FakeInstanceType, FakeProviderConfig, FakeRegion, FaultRule
+from tests.helpers import eventually
 
 BOOT = 0.15  # generous: Pending must still hold on a loaded machine
 DELETE = 0.15
@@ -43,6 +52,25 @@ def config(faults: list[FaultRule] | None = None, **overrides: Any) -> FakeProvi
 
 def spec(vm: str = VM) -> InstanceSpec:
     return InstanceSpec(vm=vm, job="job", node_index=0, attempt=1)
+
+
+async def reaches(cloud: FakeCloud, status: InstanceStatus, vm: str = VM) -> list[Observed]:
+    """What observe shows once every instance of `vm` (in r1) is in `status`, polled."""
+
+    async def seen() -> list[Observed] | None:
+        found = await cloud.observe(R1, vm)
+        return found if found and all(o.status is status for o in found) else None
+
+    return await eventually(seen, f"{vm} {status.value}")
+
+
+async def wait_gone(cloud: FakeCloud, vm: str = VM) -> None:
+    """Polls until observe shows nothing of `vm` in r1."""
+
+    async def nothing() -> bool:
+        return await cloud.observe(R1, vm) == []
+
+    await eventually(nothing, f"{vm} gone")
 
 
 async def offer_by_id(cloud: FakeCloud, offer_id: str) -> Offer:
@@ -126,6 +154,15 @@ async def test_plan_sorts_cheapest_first_ties_by_id_unpriced_last() -> None:
     assert [o.id for o in offers] == PLAN_ORDER
 
 
+async def test_shuffled_plan_is_a_seeded_permutation_of_the_sorted_one() -> None:
+    first = [o.id for o in await FakeCloud(config(), shuffle_offers=4).plan(ResourceRequest())]
+    again = [o.id for o in await FakeCloud(config(), shuffle_offers=4).plan(ResourceRequest())]
+    other = [o.id for o in await FakeCloud(config(), shuffle_offers=5).plan(ResourceRequest())]
+    assert first == again  # deterministic for a seed
+    assert sorted(first) == sorted(PLAN_ORDER) and first != PLAN_ORDER
+    assert other != first
+
+
 async def test_plan_creates_nothing() -> None:
     cloud = FakeCloud(config())
     await cloud.plan(ResourceRequest())
@@ -168,8 +205,7 @@ async def test_instance_is_pending_then_running_with_ssh_after_boot_delay() -> N
     ids = await launch(cloud)
     (pending,) = await cloud.observe(R1, VM)
     assert (pending.id, pending.status, pending.ssh) == (ids[0], InstanceStatus.PENDING, None)
-    await asyncio.sleep(BOOT * 2)
-    (running,) = await cloud.observe(R1, VM)
+    (running,) = await reaches(cloud, InstanceStatus.RUNNING)
     assert running.status is InstanceStatus.RUNNING
     assert running.ssh is not None and (running.ssh.host, running.ssh.port) == ("10.0.0.9", 2222)
 
@@ -187,12 +223,12 @@ async def test_observe_only_sees_the_vm_in_that_region() -> None:
 async def test_delete_makes_it_stopping_then_gone_after_delete_delay() -> None:
     cloud = FakeCloud(config())
     ids = await launch(cloud)
-    await asyncio.sleep(BOOT * 2)
+    await reaches(cloud, InstanceStatus.RUNNING)
     await cloud.delete(R1, VM, ids)
     (stopping,) = await cloud.observe(R1, VM)
     assert stopping.status is InstanceStatus.STOPPING
     assert len(cloud.live_instances()) == 1
-    await asyncio.sleep(DELETE * 2)
+    await wait_gone(cloud)
     assert await cloud.observe(R1, VM) == []
     assert cloud.live_instances() == []
 
@@ -204,7 +240,7 @@ async def test_region_list_leaves_out_gone_instances_and_the_ledger_keeps_them()
     stopping_ids = await launch(cloud, vm=stopping)
     await launch(cloud, vm=VM)
     await cloud.delete(R1, gone, gone_ids)
-    await asyncio.sleep(DELETE * 2)
+    await wait_gone(cloud, gone)
     await cloud.delete(R1, stopping, stopping_ids)
     listed = await cloud.observe_region(R1)
     assert set(listed) == {VM, stopping}
@@ -345,16 +381,16 @@ async def test_boot_failed_reports_failed_after_boot_delay() -> None:
     cloud = FakeCloud(config([FaultRule(primitive="create", effect="boot_failed")]))
     ids = await launch(cloud)
     assert (await cloud.observe(R1, VM))[0].status is InstanceStatus.PENDING
-    await asyncio.sleep(BOOT * 2)
-    (failed,) = await cloud.observe(R1, VM)
+    (failed,) = await reaches(cloud, InstanceStatus.FAILED)
     assert (failed.id, failed.status, failed.ssh) == (ids[0], InstanceStatus.FAILED, None)
     assert failed.message == "instance failed to boot"
 
 
 async def test_boot_hang_stays_pending() -> None:
-    cloud = FakeCloud(config([FaultRule(primitive="create", effect="boot_hang")]))
+    cloud = FakeCloud(config([FaultRule(primitive="create", effect="boot_hang", times=1)]))
     await launch(cloud)
-    await asyncio.sleep(BOOT * 3)
+    await launch(cloud, vm="control")  # created later, boots normally
+    await reaches(cloud, InstanceStatus.RUNNING, vm="control")  # so the boot delay is over
     (hung,) = await cloud.observe(R1, VM)
     assert hung.status is InstanceStatus.PENDING
 
@@ -378,6 +414,38 @@ async def test_delay_fault_does_not_hide_a_later_error_rule() -> None:
     with pytest.raises(ProviderError) as caught:
         await launch(FakeCloud(config(rules)))
     assert caught.value.kind is ErrorKind.QUOTA
+
+
+async def test_fault_fires_counts_only_the_calls_a_rule_fired_on() -> None:
+    skipped = FaultRule(primitive="observe", after=2, times=2)
+    elsewhere = FaultRule(primitive="observe", region="r2")
+    slow = FaultRule(primitive="observe", effect="delay", delay_seconds=0.0, times=1)
+    cloud = FakeCloud(config([slow, skipped, elsewhere]))
+    for _ in range(6):
+        with contextlib.suppress(ProviderError):
+            await cloud.observe(R1, VM)
+    assert cloud.fault_fires() == [(slow, 1), (skipped, 2), (elsewhere, 0)]
+    assert (cloud.fired(slow), cloud.fired(skipped), cloud.fired(elsewhere)) == (1, 2, 0)
+
+
+async def test_a_rule_behind_one_that_raised_is_not_counted_as_fired() -> None:
+    first = FaultRule(primitive="create", kind=ErrorKind.CAPACITY, times=1)
+    second = FaultRule(primitive="create", kind=ErrorKind.QUOTA, times=1)
+    cloud = FakeCloud(config([first, second]))
+    kinds = []
+    for _ in range(3):
+        try:
+            await launch(cloud)
+            kinds.append("ok")
+        except ProviderError as error:
+            kinds.append(error.kind.value)
+    assert kinds == ["Capacity", "Quota", "ok"]
+    assert cloud.fault_fires() == [(first, 1), (second, 1)]
+
+
+def test_fired_refuses_a_rule_that_is_not_configured() -> None:
+    with pytest.raises(KeyError):
+        FakeCloud(config([FaultRule(primitive="plan")])).fired(FaultRule(primitive="create"))
 
 
 # ---------------------------------------------------------------- state, counts, restarts
@@ -443,6 +511,7 @@ async def test_state_file_survives_a_restart_with_fault_counters(tmp_path: Path)
         assert after.state.creates_per_vm() == {VM: 1, "job-a2-n0": 1}
         assert after.state.call_counts()[("create", "r1")] == 3
         assert len(after.state.live_side_resources()) == 2
+        assert after.fault_fires() == [(rules[0], 1)]  # the ledger keeps the firings too
     finally:
         await after.aclose()
 

@@ -156,8 +156,10 @@ async def test_429_carries_retry_after(api, cloud):
 
 
 async def test_already_exists_adopts_the_instance_an_earlier_attempt_made(api, cloud):
-    api.post(url__startswith=INSERT).mock(return_value=err(409, bodies.ALREADY_EXISTS))
+    insert = api.post(url__startswith=INSERT).mock(return_value=err(409, bodies.ALREADY_EXISTS))
     assert await cloud.create(offer(), {}, spec()) == [f"{ZONE}/{NAME}"]
+    # the id is derived from the VM, so only the call shows the 409 was met (and not retried)
+    assert insert.call_count == 1 and len(api.calls) == 1
 
 
 async def test_a_retried_create_repeats_its_request_id_and_makes_one_instance():
@@ -194,9 +196,11 @@ async def test_a_replayed_transient_failure_moves_to_the_next_request_id(api, cl
 
 async def test_an_operation_still_running_at_the_bound_is_left_to_observe(api, cloud):
     cloud.config = cloud.config.model_copy(update={"operation_timeout": 0.05})
-    api.post(url__startswith=INSERT).mock(return_value=ok(bodies.operation("PENDING")))
-    api.post(WAIT).mock(return_value=ok(bodies.operation("RUNNING")))
+    insert = api.post(url__startswith=INSERT).mock(return_value=ok(bodies.operation("PENDING")))
+    wait = api.post(WAIT).mock(return_value=ok(bodies.operation("RUNNING")))
     assert await cloud.create(offer(), {}, spec()) == [f"{ZONE}/{NAME}"]
+    # inserted once, then waited on (still RUNNING) until the bound, not skipped
+    assert insert.call_count == 1 and wait.called
 
 
 async def test_a_failed_wait_call_is_asked_again(api, cloud):

@@ -201,7 +201,7 @@ async def test_usage_type_and_unknown_skus_give_no_price(make):
     )
     for entry in (wrong_usage, unknown):
         offers = await make(machine_types=[entry]).plan(ResourceRequest())
-        assert all(o.price is None for o in offers)
+        assert offers and all(o.price is None for o in offers)
 
 
 async def test_a_billing_catalog_failure_leaves_offers_unpriced_not_missing(api, make):

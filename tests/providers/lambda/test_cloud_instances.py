@@ -23,6 +23,7 @@ from providers.base import (
 )
 from providers.errors import ErrorKind, ProviderError
 from tests.providers.scrubbing import activity_failure
+from tests.providers.wire import assert_never_sent, carries
 from workflows.policy import Failure, Stage, decide
 
 from . import fixtures as fx
@@ -77,6 +78,11 @@ async def test_create_hands_user_data_and_bootstrap_to_the_machine_and_nowhere_e
     assert "multipart/mixed" in user_data and "text/x-shellscript" in user_data
     assert "text/cloud-config" in user_data
     assert TOKEN not in caplog.text and TOKEN not in json.dumps(ids)
+    # On the wire: only the launch body carries it; not its URL or headers, no other request.
+    sent = [request for request, _ in account.calls()]
+    (launched,) = [r for r in sent if r.url.path.endswith("/instance-operations/launch")]
+    assert carries(launched, TOKEN) and not carries(launched, TOKEN, body=False)
+    assert_never_sent(TOKEN, [r for r in sent if r is not launched])
 
 
 async def test_create_on_a_stockout_is_capacity_in_lambdas_words(account, cloud):

@@ -85,6 +85,7 @@ def test_unknown_codes_fall_back_on_status_and_known_codes_win(status, code, kin
 
 
 def test_every_table_entry_is_a_real_kind_and_transient_keeps_retry_after():
+    assert errors.CODE_KINDS
     assert all(isinstance(kind, ErrorKind) for kind in errors.CODE_KINDS.values())
     error = errors.classify(Op.LIST_INSTANCES, 429, None, None, retry_after=3.0)
     assert error.retry_after == 3.0

@@ -27,6 +27,7 @@ from providers.prime.config import PrimeConfig
 from providers.settings import MissingCredentials
 from tests.providers.prime import bodies
 from tests.providers.prime.fake_api import API_KEY, BASE_URL, FakePrime
+from tests.providers.wire import assert_never_sent
 
 VM = "train-a1-n0-ce4389"
 LABEL = f"gpuprov-{VM}"
@@ -280,18 +281,19 @@ async def test_prepare_reuses_a_key_the_user_already_registered(cloud, prime):
 
 async def test_prepare_that_loses_a_registration_race_uses_the_winner_s_key():
     listings = iter([bodies.keys_page(), bodies.keys_page(bodies.ssh_key("k-9", "gpuprov-key-x"))])
-    adapter = await with_transport(
-        static(
-            ("GET", "/api/v1/ssh_keys/", lambda request: httpx.Response(200, json=next(listings))),
-            (
-                "POST",
-                "/api/v1/ssh_keys/",
-                httpx.Response(400, json={"detail": "Key already exists"}),
-            ),
-        )
+    router = respx.Router(base_url=BASE_URL, assert_all_called=False)
+    listing = router.get("/api/v1/ssh_keys/").mock(
+        side_effect=lambda request: httpx.Response(200, json=next(listings))
     )
+    register = router.post("/api/v1/ssh_keys/").mock(
+        return_value=httpx.Response(400, json={"detail": "Key already exists"})
+    )
+    adapter = await with_transport(httpx.MockTransport(router.async_handler))
     prepared = await adapter.prepare(OFFER, spec(ssh_public_key=bodies.PUBLIC_KEY))
     assert prepared["ssh_key_id"] == "k-9"
+    # the race as claimed: listed (none), tried to register and lost, listed again
+    assert (listing.call_count, register.call_count) == (2, 1)
+    assert [call.request.method for call in router.calls] == ["GET", "POST", "GET"]
 
 
 async def test_prepare_that_cannot_register_the_key_says_why():
@@ -367,6 +369,9 @@ async def test_create_does_not_send_the_bootstrap_secret(cloud, prime):
     with_token = spec(bootstrap=NodeBootstrap(api_url="https://api.example", join_token=secret))
     await cloud.create(offer, await cloud.prepare(offer, with_token), with_token)
     assert secret not in json.dumps(prime.created)
+    # ... nor anywhere else in any request: URL, headers or body, as sent
+    assert "POST /api/v1/pods/" in prime.calls
+    assert_never_sent(secret, (call.request for call in prime.router.calls))
 
 
 @pytest.mark.parametrize(

@@ -150,5 +150,5 @@ def test_network_failures_are_transient_everywhere():
 
 def test_table_phrases_are_lower_case_and_unique():
     phrases = [phrase for phrase, _, _ in DETAIL_TABLE]
-    assert all(phrase == phrase.lower() for phrase in phrases)
+    assert phrases and all(phrase == phrase.lower() for phrase in phrases)
     assert len(phrases) == len(set(phrases))

@@ -19,6 +19,7 @@ from providers.settings import MissingCredentials
 from tests.providers.runpod import samples
 from tests.providers.runpod.fake_api import FakeRunPod
 from tests.providers.runpod.support import H100, SPEC, an_offer, problem_response, routed
+from tests.providers.wire import assert_never_sent, carries
 
 # --------------------------------------------------------------------------- construction
 
@@ -48,6 +49,11 @@ async def test_the_key_is_sent_as_a_bearer_token_and_nowhere_else(api):
     request, _ = api.exchanges[0]
     assert request.headers["Authorization"] == f"Bearer {samples.API_KEY}"
     assert samples.API_KEY not in str(request.url)
+    # every request, as sent: the key in its Authorization header and in nothing else
+    assert api.exchanges
+    for request, _ in api.exchanges:
+        assert request.headers["Authorization"] == f"Bearer {samples.API_KEY}"
+        assert not carries(request, samples.API_KEY, omit_headers=("authorization",)), request
 
 
 def test_capabilities_are_the_configured_timing_hints():
@@ -215,17 +221,22 @@ async def test_create_without_a_vm_key_leaves_ssh_to_the_account_keys(api):
 
 async def test_create_does_not_put_the_join_token_or_user_data_anywhere(api):
     secret = "join-token-SECRET-123"
+    user_data = "#!/bin/sh\necho user-data-must-stay-home"
     spec = SPEC.model_copy(
         update={
             "bootstrap": NodeBootstrap(api_url="http://api", join_token=secret),
-            "user_data": "#!/bin/sh\necho hi",
+            "user_data": user_data,
         }
     )
     offer = await an_offer(api)
     cloud = api.cloud()
     await cloud.create(offer, {}, spec)
     await cloud.aclose()
+    assert api.calls("POST", "/v2/pods") == 1  # the create was sent (and scanned below)
     assert all(secret not in r.content.decode() for r, _ in api.exchanges)
+    # anywhere: URL, headers and body of every request, as respx captured them
+    assert_never_sent(secret, (call.request for call in api.router.calls))
+    assert_never_sent(user_data, (call.request for call in api.router.calls))
 
 
 async def test_create_with_min_cuda_version_pins_the_host_cuda(api):

@@ -231,7 +231,7 @@ def test_any_http_answer_is_a_result_or_a_classified_provider_error(answer):
 
     async def run() -> None:
         router = respx.MockRouter(base_url=samples.BASE_URL, assert_all_called=False)
-        router.route().mock(return_value=httpx.Response(status, content=body))
+        answer = router.route().mock(return_value=httpx.Response(status, content=body))
         cloud = routed(router)
         offer = Offer.model_validate(
             {
@@ -256,10 +256,12 @@ def test_any_http_answer_is_a_result_or_a_classified_provider_error(answer):
             lambda: cloud.delete(KS, samples.VM, ["p1"]),
         ]
         for call in calls:
+            before = answer.call_count
             try:
                 await call()
             except ProviderError as error:
                 assert error.kind in ErrorKind
+            assert answer.call_count > before  # the hostile answer was read, not avoided
         await cloud.aclose()
 
     asyncio.run(run())

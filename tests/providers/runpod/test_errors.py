@@ -153,4 +153,4 @@ def test_retry_after_parsing(header, seconds):
 
 
 def test_capacity_phrases_are_lower_case_so_matching_is_case_insensitive():
-    assert all(phrase == phrase.lower() for phrase in CAPACITY_PHRASES)
+    assert CAPACITY_PHRASES and all(phrase == phrase.lower() for phrase in CAPACITY_PHRASES)

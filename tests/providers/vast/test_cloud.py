@@ -22,6 +22,7 @@ from providers.vast.cloud import VastCloud
 from tests.providers.vast import fixtures
 from tests.providers.vast.conftest import vast_config
 from tests.providers.vast.fake_api import FakeVastApi
+from tests.providers.wire import assert_never_sent, carries
 
 H100X8 = ResourceRequest(gpu="H100", gpus_per_node=8)
 HERE = Location(provider="vast", region="US")
@@ -181,6 +182,10 @@ async def test_create_labels_the_instance_and_hands_over_key_user_data_and_boots
     assert "/root/.ssh/authorized_keys" in body["onstart"]
     assert token not in body["onstart"]  # the token travels only in env
     assert body["env"] == f"-e GPUPROV_API_URL=http://10.0.0.1:8700 -e GPUPROV_JOIN_TOKEN={token}"
+    # ... and on the wire nowhere else: not the create's URL or headers, no other request
+    (created,) = [r for r in vast_api.requests if r.method == "PUT"]
+    assert carries(created, token) and not carries(created, token, body=False)
+    assert_never_sent(token, [r for r in vast_api.requests if r is not created])
 
 
 async def test_a_vanished_listing_is_capacity(cloud, vast_api):
@@ -236,6 +241,9 @@ async def test_when_that_destroy_fails_too_teardown_is_told_to_find_the_label(cl
         await cloud.create(offer, {}, spec())
     assert caught.value.kind is ErrorKind.FAILED
     assert "finds it by its label" in caught.value.message
+    # the destroy was tried (and refused), not skipped
+    deletes = [r.url.path for r in vast_api.requests if r.method == "DELETE"]
+    assert deletes == ["/api/v0/instances/778/"]
 
 
 @pytest.mark.parametrize(

@@ -143,7 +143,7 @@ class HostileVast:
         self.loop = asyncio.new_event_loop()
         self.mock = respx.mock(assert_all_mocked=True, assert_all_called=False)
         self.mock.start()
-        self.mock.route(host="vast.test").mock(side_effect=lambda request: self.answer)
+        self.route = self.mock.route(host="vast.test").mock(side_effect=lambda request: self.answer)
         self.cloud = VastCloud(vast_config(), api_key=fixtures.API_KEY)
 
     def close(self) -> None:
@@ -154,10 +154,14 @@ class HostileVast:
     def outcome(self, name: str, status: int, content: bytes) -> Any:
         self.answer = httpx.Response(status, content=content)
         primitive, _ = PRIMITIVES[name]
+        before = self.route.call_count
         try:
             return self.loop.run_until_complete(self._scrubbed(primitive))
         except ApplicationError as failure:
             return failure
+        finally:
+            # every primitive here reads an answer: one that made no call proves nothing
+            assert self.route.call_count > before, f"{name} made no call"
 
     async def _scrubbed(self, primitive: Primitive) -> Any:
         with scrubbed(self.cloud, spec=SPEC):  # as the activities run every primitive
