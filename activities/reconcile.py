@@ -10,13 +10,19 @@ found where listing works.
 How it judges each VM found, and each open orphan:
 - kept (`release="keep"`): never touched, the user kept it on purpose;
 - owned: its row's job workflow `job-<job>` is running AND that workflow's status query lists
-  the VM among its live nodes. Database and Temporal must agree; when Temporal cannot answer,
-  the VM is left alone this pass (never delete on doubt);
+  the VM among its live nodes. Database and Temporal must agree; when Temporal cannot answer, or
+  the job is stuck (gpuprov/owners.py), the VM is left alone this pass (never delete on doubt);
 - otherwise an orphan once older than the grace period: age from the VM row's created_at, or,
   for a machine without a row, from the first pass that saw it (recorded then as an orphan,
   error "unowned: ..."). A recorded orphan also waits out its retry backoff (`retry_delay`).
 Every candidate is recorded as an orphan before it is returned (the durable note comes before
 the destructive act), so `gpuprov orphans --all` shows every machine the reconciler touched.
+
+A survey restricted to one job (`SurveyInput.job`, what `gpuprov end` runs) lists no region: it
+observes each unfinished VM row of that job and takes the open orphans of that job's VMs, and
+judges them the same way. A row whose machine the cloud no longer shows is a candidate too (its
+teardown confirms it gone and closes the row), and the kept and held ones are named in the
+survey, so the caller can say what is left of the job and why.
 """
 
 from __future__ import annotations
@@ -28,18 +34,12 @@ from typing import Any
 
 from pydantic import Field
 from temporalio import activity
-from temporalio.client import (
-    Client,
-    WorkflowExecutionStatus,
-    WorkflowQueryFailedError,
-    WorkflowQueryRejectedError,
-)
-from temporalio.service import RPCError, RPCStatusCode
+from temporalio.client import Client
 
 from activities.errors import truncate
 from activities.store import record_possible_orphan
 from gpuprov.db import OrphanRecord, VmRecord, utcnow
-from gpuprov.models import JobStatus, workflow_id_for
+from gpuprov.owners import Standing, job_situation
 from gpuprov.records import Records
 from providers.base import CloudProvider, Location, Model, Observed
 from providers.errors import ProviderError, redact
@@ -54,12 +54,12 @@ RETRY_BACKOFF_BASE = timedelta(minutes=4)
 RETRY_BACKOFF_CAP = timedelta(hours=1)
 TEMPORAL_RPC_TIMEOUT = timedelta(seconds=10)
 MAX_LINES = 50  # left_open / errors listed per pass; counts stay exact
-JOB_STATUS_QUERY = "status"  # ProvisionJob.status (activities do not import workflows)
 
 
 class SurveyInput(Model):
     grace_seconds: float = Field(default=600.0, ge=0)
     provider: str | None = None  # only this provider; None = every enabled one
+    job: str | None = None  # only this job's VM rows and their open orphans; None = everything
 
 
 class Candidate(Model):
@@ -80,6 +80,7 @@ class Survey(Model):
     left_open: list[str] = Field(default_factory=list)  # "vm: why not this pass" (first 50)
     left_open_count: int = 0
     errors: list[str] = Field(default_factory=list)  # listing failures, owners unknown
+    kept_vms: list[str] = Field(default_factory=list)  # one job's survey: kept, not touched
 
 
 def retry_delay(attempts: int) -> timedelta:
@@ -90,7 +91,12 @@ def retry_delay(attempts: int) -> timedelta:
 
 
 class OwnerUnknown(Exception):
-    """Temporal could not say whether the job holds the VM: leave it alone this pass."""
+    """Temporal could not say whether the job holds the VM, or the job is stuck: leave it
+    alone this pass."""
+
+    def __init__(self, why: str, stuck: bool) -> None:
+        super().__init__(why)
+        self.stuck = stuck
 
 
 class _Owners:
@@ -108,22 +114,12 @@ class _Owners:
     async def _ask(self, job: str) -> frozenset[str]:
         # The latest run of job-<name>: a VM of an earlier run of the same name carries another
         # run tag, so it is never among the current run's nodes.
-        handle = self._client.get_workflow_handle(workflow_id_for(job))
-        try:
-            description = await handle.describe(rpc_timeout=TEMPORAL_RPC_TIMEOUT)
-        except RPCError as error:
-            if error.status is RPCStatusCode.NOT_FOUND:
-                return frozenset()
-            raise OwnerUnknown(f"describe job-{job}: {error.message}") from None
-        if description.status is not WorkflowExecutionStatus.RUNNING:
-            return frozenset()
-        try:
-            status = await handle.query(
-                JOB_STATUS_QUERY, result_type=JobStatus, rpc_timeout=TEMPORAL_RPC_TIMEOUT
-            )
-        except (WorkflowQueryFailedError, WorkflowQueryRejectedError, RPCError) as error:
-            raise OwnerUnknown(f"status query of job-{job}: {error}") from None
-        return frozenset(node.vm for node in status.live_nodes())
+        situation = await job_situation(self._client, job, TEMPORAL_RPC_TIMEOUT)
+        if situation.standing in (Standing.STUCK, Standing.UNKNOWN):
+            stuck = situation.standing is Standing.STUCK
+            why = f"job {job} is stuck: {situation.detail}" if stuck else situation.detail
+            raise OwnerUnknown(why, stuck)
+        return frozenset(situation.live_vms)
 
 
 @dataclass
@@ -134,6 +130,7 @@ class _Ledger:
     unfinished: list[VmRecord]
     orphans: dict[str, OrphanRecord]
     rows: dict[str, VmRecord] = field(default_factory=dict)
+    job: str | None = None  # a survey of this job only
 
 
 class ReconcileActivities:
@@ -150,12 +147,26 @@ class ReconcileActivities:
     @activity.defn(name="reconcile_survey")
     async def reconcile_survey(self, request: SurveyInput) -> Survey:
         survey = Survey()
-        ledger = await asyncio.to_thread(self._read_ledger)
         providers = {
             name: provider
             for name, provider in sorted(self._providers.items())
             if request.provider in (None, name)
         }
+        if request.job is None:
+            seen, suspects, ledger = await self._everything(request, providers, survey)
+        else:
+            seen, suspects, ledger = await self._one_job(request, providers, survey)
+        owners = _Owners(self._client)
+        grace = timedelta(seconds=request.grace_seconds)
+        for vm in sorted(suspects):
+            await self._judge(vm, seen.get(vm), ledger, owners, grace, survey)
+        return survey
+
+    async def _everything(
+        self, request: SurveyInput, providers: dict[str, CloudProvider], survey: Survey
+    ) -> tuple[dict[str, tuple[Location, list[Observed]]], set[str], _Ledger]:
+        """Every machine listed in every region in use, and every open orphan."""
+        ledger = await asyncio.to_thread(self._read_ledger)
         seen: dict[str, tuple[Location, list[Observed]]] = {}
         for name, provider in providers.items():
             seen.update(await self._list_provider(name, provider, ledger, survey))
@@ -168,11 +179,49 @@ class ReconcileActivities:
             elif request.provider in (None, orphan.provider):
                 _leave_open(survey, vm, f"provider {orphan.provider} is not enabled here")
         ledger.rows = await asyncio.to_thread(self._records.get_vms, sorted(suspects))
-        owners = _Owners(self._client)
-        grace = timedelta(seconds=request.grace_seconds)
-        for vm in sorted(suspects):
-            await self._judge(vm, seen.get(vm), ledger, owners, grace, survey)
-        return survey
+        return seen, suspects, ledger
+
+    async def _one_job(
+        self, request: SurveyInput, providers: dict[str, CloudProvider], survey: Survey
+    ) -> tuple[dict[str, tuple[Location, list[Observed]]], set[str], _Ledger]:
+        """The VM rows of one job, each observed where its row says, and their open orphans."""
+        assert request.job is not None
+        rows = await asyncio.to_thread(self._records.vms_for_job, request.job)
+        orphans = await asyncio.to_thread(self._open_orphans)
+        ledger = _Ledger(
+            regions=set(),
+            unfinished=[],
+            orphans={row.vm: orphans[row.vm] for row in rows if row.vm in orphans},
+            rows={row.vm: row for row in rows},
+            job=request.job,
+        )
+        seen: dict[str, tuple[Location, list[Observed]]] = {}
+        suspects: set[str] = set()
+        for row in rows:
+            if request.provider not in (None, row.provider):
+                continue
+            if row.status == "kept":
+                if len(survey.kept_vms) < MAX_LINES:
+                    survey.kept_vms.append(row.vm)
+                continue
+            if row.status == "terminated" and row.vm not in ledger.orphans:
+                continue  # confirmed gone by its teardown, nothing left open
+            provider = providers.get(row.provider)
+            if provider is None:
+                _leave_open(survey, row.vm, f"provider {row.provider} is not enabled here")
+                continue
+            if row.status != "terminated":
+                location = Location(provider=row.provider, region=row.region, zone=row.zone)
+                try:
+                    observed = await provider.observe(location, row.vm)
+                except ProviderError as error:
+                    _error(survey, f"observe {row.vm}: {error.kind.value}: {error.message}")
+                    _leave_open(survey, row.vm, "could not observe it")
+                    continue
+                if observed:
+                    seen[row.vm] = (location, observed)
+            suspects.add(row.vm)
+        return seen, suspects, ledger
 
     def _read_ledger(self) -> _Ledger:
         return _Ledger(
@@ -243,10 +292,13 @@ class ReconcileActivities:
         if row is not None:
             try:
                 if vm in await owners.live_vms(row.job):
+                    if ledger.job is not None:
+                        _leave_open(survey, vm, f"held by its running job {row.job}")
                     return
             except OwnerUnknown as error:
                 _error(survey, f"{vm}: left alone, owner unknown: {error}")
-                _leave_open(survey, vm, "owner unknown (Temporal did not answer)")
+                why = "job stuck" if error.stuck else "Temporal did not answer"
+                _leave_open(survey, vm, f"owner unknown ({why})")
                 return
         candidate = _candidate(vm, seen, row, orphan)
         if row is None and orphan is None:  # first sighting: the grace period starts now
@@ -268,10 +320,14 @@ class ReconcileActivities:
             _leave_open(survey, vm, f"over {MAX_CANDIDATES_PER_PASS} this pass: next pass")
             return
         if orphan is None:
-            if not await self._still_there(candidate, survey):
+            # Observed once more before the durable note. Not seen at all happens only in one
+            # job's survey (a row whose machine the cloud no longer shows): its teardown then
+            # confirms it gone, cleans up and closes the row.
+            if seen is not None and not await self._still_there(candidate, survey):
                 return  # its job's teardown finished after the listing: nothing to do
             job = row.job if row is not None else "none"
-            await self._record(candidate, f"unowned: no live job holds it (job {job})")
+            shown = "" if seen is not None else "; the cloud shows nothing, its row is open"
+            await self._record(candidate, f"unowned: no live job holds it (job {job}){shown}")
             survey.found += 1
         survey.candidates.append(candidate)
 

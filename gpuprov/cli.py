@@ -10,7 +10,9 @@
     gpuprov setup                     once per cluster: migrations, namespace, search attributes,
                                       the reconciler's Schedule
     gpuprov schedules apply           create or update the reconciler's Schedule (idempotent)
-    gpuprov orphans [--all]           machines the reconciler is (or was) cleaning up
+    gpuprov orphans [--all]           machines the reconciler is (or was) cleaning up, and
+                                      those whose job is stuck or whose owner is unknown
+    gpuprov end NAME [--yes]          end a stuck job: terminate it, delete its machines
     gpuprov token create --label L    a single-use join token for a box you own
     gpuprov join --url U              on that box: probe it, register it as an existing worker
     gpuprov apikey create|list|revoke operator API keys for the control-plane API
@@ -34,8 +36,9 @@ from typing import NoReturn
 
 from pydantic import ValidationError
 
-from gpuprov import agent, apikeys, schedules
+from gpuprov import agent, apikeys, owners, schedules
 from gpuprov import demo as demo_module
+from gpuprov import end as end_command
 from gpuprov import setup as cluster_setup
 from gpuprov.api import create_app, serving
 from gpuprov.client import GpuprovClient, GpuprovError
@@ -58,6 +61,7 @@ from gpuprov.render import (
     orphans_text,
     progress_line,
     status_text,
+    unheld_text,
 )
 from providers.base import ResourceRequest, Verdict
 from workflows.offers import OffersQuery
@@ -107,9 +111,11 @@ def _parser() -> argparse.ArgumentParser:
     cluster_setup.add_parser(commands)
     schedules.add_parser(commands)
     orphans = commands.add_parser(
-        "orphans", help="possible orphans: machines the reconciler is cleaning up"
+        "orphans",
+        help="possible orphans, and machines whose job is stuck or whose owner is unknown",
     )
     orphans.add_argument("--all", action="store_true", help="resolved ones too")
+    end_command.add_parser(commands)
     token = commands.add_parser("token", help="join tokens for machines you own")
     token_commands = token.add_subparsers(dest="token_command", required=True)
     create = token_commands.add_parser("create", help="mint a single-use join token (shown once)")
@@ -283,10 +289,24 @@ async def _orphans(settings: Settings, args: argparse.Namespace) -> int:
     records = open_records(settings.database_url)
     try:
         orphans = records.orphans(include_resolved=args.all)
+        unfinished = records.unfinished_vms()
     finally:
         records.db.dispose()
     print(orphans_text(orphans, include_resolved=args.all))
+    by_job = await _situations(settings, {row.job for row in unfinished})
+    print(unheld_text(owners.unheld_machines(unfinished, by_job)))
     return 0
+
+
+async def _situations(settings: Settings, jobs: set[str]) -> dict[str, owners.JobSituation]:
+    """What Temporal says about each job; "owner unknown" for all when it cannot be reached."""
+    if not jobs:
+        return {}
+    try:
+        client = await _client(settings)
+    except GpuprovError as error:
+        return owners.unreachable(jobs, str(error))
+    return await owners.situations(client.temporal, jobs)
 
 
 async def _until_signalled() -> None:
@@ -361,6 +381,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], Awaitable[int]]] = 
     "setup": cluster_setup.command,
     "schedules": schedules.command,
     "orphans": _orphans,
+    "end": end_command.command,
     "token": _token,
     "join": _join,
     "codec-server": _codec_server,

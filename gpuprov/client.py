@@ -6,6 +6,7 @@ status = await handle.wait_ready(timeout=1800)
 await handle.release()
 final = await handle.result()
 jobs = await client.list(state=JobState.READY, provider="lambda")  # [JobSummary]
+report = await client.end_job("train-7b", reason="stuck after a bad deploy")  # EndReport
 
 Every failure is a GpuprovError (JobNotFound, JobAlreadyExists) whose message says what went
 wrong; a wait that runs out raises TimeoutError. examples/sdk_service.py is a worked example.
@@ -39,6 +40,7 @@ from gpuprov.models import HealthReport, JobSpec, JobState, JobStatus, workflow_
 from providers.base import Model, ResourceRequest
 from workflows.health import CheckHealth, HealthRequest
 from workflows.offers import OffersQuery, OffersResult, PlanOffers
+from workflows.reconcile import Reconcile, ReconcileInput, ReconcileReport
 
 DEFAULT_TASK_QUEUE = "gpuprov"
 _CLOSED_STATES = {
@@ -72,6 +74,20 @@ class JobSummary(Model):
     gpu: str | None = None
     started_at: datetime | None = None
     closed_at: datetime | None = None
+
+
+class EndReport(ReconcileReport):
+    """`GpuprovClient.end_job`: what happened to the job's workflow, then the report of the
+    reconcile pass over the job's machines."""
+
+    job: str
+    terminated: bool = False  # this call terminated the running workflow
+    workflow: str = ""  # how the workflow stands: "terminated", "had ended: completed", ...
+
+    @property
+    def nothing_left(self) -> bool:
+        """No machine of the job is left for gpuprov to delete (kept ones are the user's)."""
+        return self.still_open == 0
 
 
 class JobHandle:
@@ -257,6 +273,49 @@ class GpuprovClient:
             )
         return jobs
 
+    async def end_job(self, name: str, reason: str, timeout: float = 900) -> EndReport:
+        """End a job that cannot end itself and delete its machines: terminate `job-<name>`
+        if it is still running (no workflow code runs, so its own teardown does not either;
+        the reason is recorded in its history), then run one reconcile pass over that job's
+        machines with no grace period and wait for it. Idempotent: on an ended job it only
+        sweeps again. Kept machines and those a running job holds are never touched."""
+        terminated, workflow = await self._terminate(name, reason)
+        try:
+            report = await self.temporal.execute_workflow(
+                Reconcile.run,
+                ReconcileInput(grace_seconds=0, job=name),
+                id=f"reconcile-end-{name}-{uuid.uuid4().hex[:8]}",
+                task_queue=self.task_queue,
+                execution_timeout=timedelta(seconds=timeout),
+            )
+        except WorkflowFailureError as error:
+            raise GpuprovError(
+                f"job {name!r}: {workflow}, but the pass over its machines failed "
+                f"({error.cause}); is a worker polling {self.task_queue!r}?"
+            ) from None
+        return EndReport(**report.model_dump(), job=name, terminated=terminated, workflow=workflow)
+
+    async def _terminate(self, name: str, reason: str) -> tuple[bool, str]:
+        """Terminate the latest run if it is running: (whether this call did, what it is)."""
+        handle = self.temporal.get_workflow_handle(workflow_id_for(name))
+        try:
+            description = await handle.describe()
+        except RPCError as error:
+            if error.status is RPCStatusCode.NOT_FOUND:
+                return False, "no such workflow"
+            raise GpuprovError(f"cannot describe job {name!r}: {error}") from None
+        if description.status is not WorkflowExecutionStatus.RUNNING:
+            ended = description.status.name.lower() if description.status else "closed"
+            return False, f"had ended: {ended}"
+        run = self.temporal.get_workflow_handle(handle.id, run_id=description.run_id)
+        try:
+            await run.terminate(reason=reason)
+        except RPCError as error:
+            if error.status is RPCStatusCode.NOT_FOUND:  # it closed in the meantime
+                return False, "had ended"
+            raise GpuprovError(f"cannot terminate job {name!r}: {error}") from None
+        return True, "terminated"
+
     async def offers(self, query: OffersQuery, timeout: float = 300) -> OffersResult:
         """Offers a job would try, cheapest first, planned by a worker (it holds the keys)."""
         try:
@@ -306,6 +365,7 @@ class GpuprovClient:
 
 
 __all__ = [
+    "EndReport",
     "GpuprovClient",
     "GpuprovError",
     "JobAlreadyExists",

@@ -1,11 +1,13 @@
-"""Plain-text views of jobs and offers for the CLI and the demo."""
+"""Plain-text views of jobs, offers, orphans and ended jobs for the CLI and the demo."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
+from gpuprov.client import EndReport
 from gpuprov.db import OrphanRecord
 from gpuprov.models import HealthReport, JobStatus, WorkerCapabilities
+from gpuprov.owners import JobSituation, Standing, Unheld
 from providers.base import Offer, Severity
 
 
@@ -116,6 +118,52 @@ def orphans_text(orphans: list[OrphanRecord], *, include_resolved: bool = False)
             f"{_when(orphan.first_seen)}, attempts {orphan.attempts}, {state}"
         )
         lines.append(f"    last error: {orphan.last_error}")
+    return "\n".join(lines)
+
+
+def situation_text(situation: JobSituation) -> str:
+    """Why a job does not look after its machines, and what becomes of them."""
+    job, detail = situation.job, situation.detail
+    if situation.standing is Standing.ENDED:
+        return f"job ended ({detail}): the reconciler deletes it after the grace period"
+    if situation.standing is Standing.STUCK:
+        return f"job stuck: {detail} - end it with `gpuprov end {job}`"
+    if situation.standing is Standing.UNKNOWN:
+        return f"owner unknown: {detail}"
+    return "its running job does not hold it: the reconciler deletes it after the grace period"
+
+
+def unheld_text(unheld: list[Unheld]) -> str:
+    """Per job: its situation, then one line per machine it does not look after."""
+    if not unheld:
+        return "no machines whose job is stuck or whose owner is unknown"
+    lines = ["machines whose job is stuck or whose owner is unknown:"]
+    for group in unheld:
+        lines.append(f"job {group.situation.job}: {situation_text(group.situation)}")
+        for row in group.vms:
+            ids = ", ".join(row.instance_ids) or "no ids"
+            lines.append(
+                f"    {row.provider}/{row.region} {row.vm} [{ids}]: {row.status} "
+                f"(recorded {_when(row.created_at)})"
+            )
+    return "\n".join(lines)
+
+
+def end_text(report: EndReport) -> str:
+    """`gpuprov end`: the workflow, each machine of the job by outcome, and the verdict."""
+    lines = [f"job {report.job}: workflow {report.workflow}"]
+    lines += [f"    deleted, confirmed gone: {vm}" for vm in report.deleted_vms]
+    lines += [f"    already gone, record closed: {vm}" for vm in report.gone_vms]
+    lines += [f"    kept on purpose (release: keep), not touched: {vm}" for vm in report.kept_vms]
+    lines += [f"    left: {line}" for line in report.left_open]
+    lines += [f"    error: {line}" for line in report.errors]
+    if report.nothing_left:
+        lines.append(f"nothing of job {report.job} is left live")
+    else:
+        lines.append(
+            f"{report.still_open} machine(s) of job {report.job} left (see above); "
+            f"`gpuprov end {report.job}` again sweeps them once the cause is fixed"
+        )
     return "\n".join(lines)
 
 

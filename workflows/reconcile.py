@@ -9,6 +9,10 @@
 3. close its orphan record. A teardown that fails instead bumps the record's attempts and last
    error; the next pass tries again (the Schedule's interval, stretched by the record's backoff).
 At most MAX_PARALLEL teardowns run at once; the report says what the pass found and did.
+
+A pass restricted to one job (`ReconcileInput.job`, run by `gpuprov end` once the job's workflow
+is terminated) surveys only that job's VM rows and their open orphans, judged the same way; its
+report names each machine deleted, found already gone, kept or left.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ MAX_LINES = 50
 class ReconcileInput(Model):
     grace_seconds: float = Field(default=600.0, ge=0)  # younger machines are left alone
     provider: str | None = None  # only this provider; None = every enabled one
+    job: str | None = None  # only this job's VM rows and their open orphans; None = everything
 
 
 class ReconcileReport(Model):
@@ -49,6 +54,9 @@ class ReconcileReport(Model):
     still_open: int = 0  # suspects left for a later pass (young, backing off, failed, ...)
     errors: list[str] = Field(default_factory=list)
     left_open: list[str] = Field(default_factory=list)  # "vm: why" (first 50)
+    deleted_vms: list[str] = Field(default_factory=list)  # the `deleted` ones (first 50)
+    gone_vms: list[str] = Field(default_factory=list)  # already gone, now closed (first 50)
+    kept_vms: list[str] = Field(default_factory=list)  # one job's pass: kept, not touched
 
 
 @workflow.defn(name="Reconcile")
@@ -65,7 +73,11 @@ class Reconcile:
         survey = await _must(
             run_step(
                 ReconcileActivities.reconcile_survey,
-                SurveyInput(grace_seconds=request.grace_seconds, provider=request.provider),
+                SurveyInput(
+                    grace_seconds=request.grace_seconds,
+                    provider=request.provider,
+                    job=request.job,
+                ),
             )
         )
         report = self._report
@@ -73,6 +85,7 @@ class Reconcile:
         report.still_open = survey.left_open_count
         report.errors += survey.errors
         report.left_open += survey.left_open
+        report.kept_vms += survey.kept_vms
         self._publish(len(survey.candidates))
         if survey.candidates:
             hints = await _must(run_step(CloudActivities.describe_providers))
@@ -103,12 +116,11 @@ class Reconcile:
             # retire records a failure itself (the orphan's attempts and last error).
             await teardown.retire(node, hints)
         except StepFailure as failure:
-            if failure.step == "cleanup" and candidate.observed:
-                self._report.deleted += 1  # gone; only its side resources are left
+            if failure.step == "cleanup":
+                self._gone(candidate)  # gone; only its side resources are left
             self._failed(candidate, str(failure))
             return
-        if candidate.observed:
-            self._report.deleted += 1
+        self._gone(candidate)
         try:
             await run_step(
                 StoreActivities.resolve_orphan, ResolveInput(vm=node.vm, provider=node.provider)
@@ -118,6 +130,15 @@ class Reconcile:
             self._failed(candidate, str(failure))
             return
         self._report.resolved += 1
+
+    def _gone(self, candidate: Candidate) -> None:
+        """Confirmed gone: deleted if the cloud still showed it, else it was gone already."""
+        report = self._report
+        if candidate.observed:
+            report.deleted += 1
+        names = report.deleted_vms if candidate.observed else report.gone_vms
+        if len(names) < MAX_LINES:
+            names.append(candidate.vm)
 
     def _failed(self, candidate: Candidate, why: str) -> None:
         self._report.still_open += 1
