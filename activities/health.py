@@ -21,11 +21,13 @@ from datetime import UTC, datetime
 import asyncssh
 from pydantic import Field
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from activities.bootstrap import AGENT_FILE, node_client_key, node_host_key_trust, remote_dir
 from activities.redaction import scrubbed
 from activities.ssh_connect import Endpoint, HostKeyMismatch, connect_verified
 from activities.ssh_keys import KeyStore
+from gpuprov.db import VmRecord
 from gpuprov.models import HealthReport
 from gpuprov.records import Records
 from providers.base import (
@@ -37,6 +39,7 @@ from providers.base import (
     Model,
     Severity,
     SshEndpoint,
+    Verdict,
 )
 from providers.errors import ProviderError
 from providers.ssh_common import output_text
@@ -51,6 +54,13 @@ class HealthInput(Model):
     expected_gpus: int | None = Field(default=None, ge=0)  # what the node reported at placement
 
 
+class NodesHealthInput(Model):
+    checks: list[HealthInput] = Field(min_length=1)
+
+
+MAX_PARALLEL_CHECKS = 16
+
+
 class HealthActivities:
     def __init__(
         self, providers: dict[str, CloudProvider], records: Records, keys: KeyStore | None
@@ -60,25 +70,45 @@ class HealthActivities:
         self._keys = keys  # None: this worker does not reach nodes over SSH
 
     def all(self) -> list[object]:
-        return [self.check_health]
+        return [self.check_health, self.check_nodes]
 
     @activity.defn(name="check_health")
     async def check_health(self, request: HealthInput) -> HealthReport:
-        diagnosis = await self._diagnose(request.vm)
+        row = await asyncio.to_thread(self._records.get_vm, request.vm)
+        return await self._check(request, row)
+
+    @activity.defn(name="check_nodes")
+    async def check_nodes(self, request: NodesHealthInput) -> list[HealthReport]:
+        """Every node of a job in one activity (a job's periodic check adds the same few events
+        to its history whatever its node count), at most 16 probes at once."""
+        gate = asyncio.Semaphore(MAX_PARALLEL_CHECKS)
+        rows = await asyncio.to_thread(self._records.get_vms, [c.vm for c in request.checks])
+
+        async def one(check: HealthInput) -> HealthReport:
+            async with gate:
+                try:
+                    return await self._check(check, rows.get(check.vm))
+                except ApplicationError as failure:  # a check that cannot run says so
+                    said = _finding(Severity.WARN, "check_failed", failure.message)
+                    return HealthReport(vm=check.vm, verdict=Verdict.DEGRADED, findings=[said])
+
+        return list(await asyncio.gather(*(one(check) for check in request.checks)))
+
+    async def _check(self, request: HealthInput, row: VmRecord | None) -> HealthReport:
+        diagnosis = await self._diagnose(request.vm, row)
         findings = list(diagnosis.findings)
         instance = diagnosis.instance
         if instance is not None and instance.status is InstanceStatus.RUNNING:
             if instance.ssh is None:
                 findings.append(_finding(Severity.INFO, "ssh_unknown", "no SSH endpoint reported"))
             else:
-                findings += await self._probe(request, instance.ssh)
+                findings += await self._probe(request, instance.ssh, row)
         report = Diagnosis(instance=instance, findings=findings)
         return HealthReport(
             vm=request.vm, verdict=report.verdict, findings=findings, checked_at=datetime.now(UTC)
         )
 
-    async def _diagnose(self, vm: str) -> Diagnosis:
-        row = await asyncio.to_thread(self._records.get_vm, vm)
+    async def _diagnose(self, vm: str, row: VmRecord | None) -> Diagnosis:
         if row is None:
             missing = _finding(Severity.CRITICAL, "unknown_vm", f"no machine recorded as {vm}")
             return Diagnosis(instance=None, findings=[missing])
@@ -90,14 +120,15 @@ class HealthActivities:
         with scrubbed(provider):
             return await provider.diagnose(location, vm)
 
-    async def _probe(self, request: HealthInput, ssh: SshEndpoint) -> list[Finding]:
+    async def _probe(
+        self, request: HealthInput, ssh: SshEndpoint, row: VmRecord | None
+    ) -> list[Finding]:
         if self._keys is None:
             return [_finding(Severity.INFO, "ssh_not_probed", "this worker has no SSH keys")]
         vm = request.vm
         try:
-            key = await asyncio.to_thread(
-                node_client_key, self._providers.get(self._provider_of(vm)), self._keys, vm
-            )
+            provider = self._providers.get(row.provider) if row is not None else None
+            key = await asyncio.to_thread(node_client_key, provider, self._keys, vm)
             trust = await asyncio.to_thread(node_host_key_trust, self._keys, vm, ssh)
         except ProviderError as error:
             return [_finding(Severity.WARN, "ssh_not_probed", error.message)]
@@ -114,10 +145,6 @@ class HealthActivities:
             return [_finding(Severity.CRITICAL, "ssh_unreachable", f"{where}: {error}")]
         async with connection:
             return await _agent_findings(connection, vm, request.expected_gpus)
-
-    def _provider_of(self, vm: str) -> str:
-        row = self._records.get_vm(vm)
-        return row.provider if row is not None else ""
 
 
 async def _agent_findings(

@@ -53,6 +53,7 @@ import re
 import select
 import shutil
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -362,7 +363,19 @@ def capabilities_of(runtime: GpuRuntime, disk_path: str = "/") -> dict:
         "gpu_runtime_ok": runtime.ok,
         "gpu_runtime_error": runtime.message,
         "agent_version": AGENT_VERSION,
+        "address": primary_address(),
     }
+
+
+def primary_address() -> str | None:
+    """The address this machine's peers reach it at: the local end of a UDP socket pointed at
+    a documentation address (connecting a UDP socket sends nothing); None without a route."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe_socket:
+            probe_socket.connect(("192.0.2.1", 9))  # TEST-NET-1 (RFC 5737): never reached
+            return str(probe_socket.getsockname()[0])
+    except OSError:
+        return None
 
 
 def probe(

@@ -35,6 +35,8 @@ COST_KINDS = ("estimate", "actual")
 BLOCK_SCOPES = ("offer", "region", "provider")
 WORKER_ORIGINS = ("managed", "existing")
 WORKER_STATES = ("idle", "reserved", "busy", "revoked")
+WORK_STATES = ("assigned", "started", "exited", "stop_requested", "stopped", "abandoned")
+LOG_STREAMS = ("stdout", "stderr", "gpuprov")  # gpuprov: the control plane's own notes
 
 
 def utcnow() -> datetime:
@@ -216,6 +218,55 @@ class OperatorKey(Table, table=True):
     secret_sha256: str
     created_at: datetime = _time()
     revoked_at: datetime | None = _time(nullable=True)
+
+
+class WorkRecord(Table, table=True):
+    """One node's part of a job's run: what to execute, and how it went. `epoch` counts the
+    job's restarts (0 first); a new epoch's rows are written only after the old attempt's
+    workers were revoked, so two epochs never run at once."""
+
+    __tablename__ = "work"
+    __table_args__ = (
+        sa.UniqueConstraint("job", "epoch", "node_rank", name="uq_work_job_epoch_node_rank"),
+        sa.Index("ix_work_worker_id", "worker_id"),
+    )
+
+    id: str = Field(default_factory=new_id, primary_key=True)
+    job: str
+    epoch: int
+    node_rank: int
+    worker_id: str
+    vm: str | None = None
+    command: dict[str, Any] = _json()  # {"setup": str | None, "run": str, "env": {...}}
+    state: str  # WORK_STATES
+    exit_code: int | None = None
+    tail: str | None = _text(nullable=True)  # the last lines of output, for a failure message
+    created_at: datetime = _time()
+    started_at: datetime | None = _time(nullable=True)
+    ended_at: datetime | None = _time(nullable=True)
+    updated_at: datetime = _time()
+
+
+class LogChunk(Table, table=True):
+    """A piece of a node's output, in order per (job, epoch, node_rank) by `seq`; a job's
+    chunks are capped in bytes (oldest dropped, with a `gpuprov` note saying so)."""
+
+    __tablename__ = "log_chunks"
+    __table_args__ = (
+        sa.UniqueConstraint("work_id", "seq", name="uq_log_chunks_work_id_seq"),
+        sa.Index("ix_log_chunks_job", "job", "id"),
+    )
+
+    id: int | None = Field(default=None, primary_key=True)
+    job: str
+    work_id: str
+    epoch: int
+    node_rank: int
+    seq: int
+    stream: str  # LOG_STREAMS
+    data: str = _text()
+    size: int  # bytes of data (UTF-8)
+    created_at: datetime = _time()
 
 
 class OrphanRecord(Table, table=True):

@@ -24,6 +24,7 @@ from activities.reconcile import ReconcileActivities
 from activities.registrations import RegistrationActivities
 from activities.ssh_keys import KeyStore
 from activities.store import StoreActivities
+from activities.work import WorkActivities
 from gpuprov import metrics
 from gpuprov.config import (
     CodecSettings,
@@ -36,6 +37,7 @@ from gpuprov.config import (
 from gpuprov.connection import connect_temporal
 from gpuprov.db import Database
 from gpuprov.records import Records
+from gpuprov.work import WorkRecords
 from providers import build_all
 from providers.base import CloudProvider
 from workflows.health import CheckHealth
@@ -134,6 +136,7 @@ def build_worker(
             *store.all(),
             *JobContextActivities(cloud, store).all(),
             *RegistrationActivities(records, api_url).all(),
+            *WorkActivities(WorkRecords(records.db)).all(),
             # The reconciler asks Temporal (through this worker's client) which jobs are live.
             *ReconcileActivities(providers, records, client).all(),
             *HealthActivities(providers, records, keys).all(),

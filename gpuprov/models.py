@@ -8,6 +8,7 @@ the field, not a silently ignored setting.
 from __future__ import annotations
 
 import json
+import re
 import tomllib
 from datetime import datetime
 from enum import StrEnum
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from providers import PROVIDER_IDS
 from providers.base import (
@@ -33,6 +34,8 @@ from providers.base import (
 from providers.errors import BlockScope, ErrorKind
 
 JOB_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
+MAX_RESTARTS = 100
+MAX_RUNTIME_SECONDS = 366 * 24 * 3600  # a year: within every Temporal timer
 
 
 class Resources(Model):
@@ -66,8 +69,24 @@ class ReleasePolicy(StrEnum):
     KEEP = "keep"
 
 
+class Recovery(Model):
+    """What a job with `run` does when a node is lost or reclaimed while the work runs."""
+
+    # New attempts (fresh machines, the work started again on every node) after the first.
+    max_restarts: int = Field(default=0, ge=0, le=MAX_RESTARTS)
+
+
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+RESERVED_ENV_PREFIX = "GPUPROV_"
+MAX_SCRIPT_CHARS = 64 * 1024
+
+
 class JobSpec(Model):
-    """A job: N nodes matching `resources`, placed per `placement`, released per `release`."""
+    """A job: N nodes matching `resources`, placed per `placement`, released per `release`.
+
+    With `run`, the job runs its work on every node and ends when the work ends everywhere;
+    without it, the job is a lease: ready until someone releases it.
+    """
 
     name: str = Field(pattern=JOB_NAME_PATTERN)  # workflow id is job-<name>
     nodes: int = Field(default=1, ge=1, le=256)
@@ -82,6 +101,42 @@ class JobSpec(Model):
     # "k3s": node 0 runs the k3s server, the others join it as agents (machines reached over
     # SSH); the status says where the kubeconfig is.
     profile: Literal["k3s"] | None = None
+    # The work: `setup` then `run` on every node (a non-login shell, its own process group);
+    # the job completes when `run` exits 0 everywhere and fails on the first other exit.
+    run: str | None = Field(default=None, min_length=1, max_length=MAX_SCRIPT_CHARS)
+    setup: str | None = Field(default=None, min_length=1, max_length=MAX_SCRIPT_CHARS)
+    env: dict[str, str] = Field(default_factory=dict, max_length=128)
+    image: str | None = Field(default=None, min_length=1, max_length=512)  # container image
+    ports: list[int] = Field(default_factory=list, max_length=64)  # opened where a firewall is
+    # Released when exceeded (counted from ready), whether the work still runs or not.
+    max_runtime_seconds: int | None = Field(default=None, ge=1, le=MAX_RUNTIME_SECONDS)
+    recovery: Recovery = Field(default_factory=Recovery)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name, value in env.items():
+            if not re.fullmatch(ENV_NAME_PATTERN, name):
+                raise ValueError(f"{name[:64]!r} is not an environment variable name")
+            if name.upper().startswith(RESERVED_ENV_PREFIX):
+                raise ValueError(f"{name}: names starting with {RESERVED_ENV_PREFIX} are gpuprov's")
+            if len(value) > 4096 or "\x00" in value:
+                raise ValueError(f"{name}: a value is at most 4096 characters, without NUL")
+        return env
+
+    @field_validator("ports")
+    @classmethod
+    def _port_numbers(cls, ports: list[int]) -> list[int]:
+        for port in ports:
+            if not 1 <= port <= 65535:
+                raise ValueError(f"{port} is not a TCP port (1-65535)")
+        return ports
+
+    @model_validator(mode="after")
+    def _setup_needs_run(self) -> JobSpec:
+        if self.setup is not None and self.run is None:
+            raise ValueError("setup: needs run (setup prepares each node for the work)")
+        return self
 
     @property
     def workflow_id(self) -> str:
@@ -176,6 +231,9 @@ class WorkerCapabilities(Model):
     gpu_runtime_ok: bool = False  # a GPU is visible and the driver/library stack works
     gpu_runtime_error: str | None = Field(default=None, max_length=2000)
     agent_version: str | None = _text()
+    # Where the node's peers reach it (its primary address as the agent sees it); a job's
+    # GPUPROV_NODE_IPS and GPUPROV_MASTER_ADDR come from here.
+    address: str | None = Field(default=None, max_length=64)
 
     def shape(self, provider: str | None = None, region: str | None = None) -> NodeShape:
         names = [gpu.name for gpu in self.gpus]
@@ -214,6 +272,7 @@ class JobState(StrEnum):
     QUEUED = "queued"
     PROVISIONING = "provisioning"
     READY = "ready"
+    RUNNING = "running"  # the job's `run` executes on its nodes
     RELEASING = "releasing"
     COMPLETED = "completed"
     FAILED = "failed"
@@ -300,6 +359,38 @@ class HealthReport(Model):
     checked_at: datetime | None = None
 
 
+class WorkState(StrEnum):
+    ASSIGNED = "assigned"  # waiting for the node's agent to pick it up
+    STARTED = "started"  # setup or run is executing
+    EXITED = "exited"  # run (or setup) ended by itself: see exit_code
+    STOP_REQUESTED = "stop_requested"  # release or cancel: SIGTERM, grace, SIGKILL
+    STOPPED = "stopped"  # ended by a stop request
+    ABANDONED = "abandoned"  # its attempt was given up (a node lost); never started again
+
+    @property
+    def final(self) -> bool:
+        return self in (WorkState.EXITED, WorkState.STOPPED, WorkState.ABANDONED)
+
+
+class NodeWork(Model):
+    """One node's part of the run, as the control plane last recorded it."""
+
+    rank: int
+    vm: str | None = None
+    worker_id: str
+    state: WorkState
+    exit_code: int | None = None
+    tail: str | None = Field(default=None, max_length=4096)  # the last lines of its output
+
+
+class Restart(Model):
+    """A new attempt because a node was lost or reclaimed while the work ran."""
+
+    number: int  # 1 for the first restart
+    at: datetime
+    cause: str
+
+
 class JobStatus(Model):
     """Everything the status query answers: where the job is, what it tried, what it holds."""
 
@@ -316,6 +407,9 @@ class JobStatus(Model):
     leaks: list[str] = Field(default_factory=list)  # teardown steps that did not confirm
     health: list[HealthReport] = Field(default_factory=list)  # latest check per node, when ready
     kubeconfig: str | None = None  # k3s profile: "user@host:/path" of the kubeconfig on node 0
+    work: list[NodeWork] = Field(default_factory=list)  # the run's state on each node, now
+    restarts: list[Restart] = Field(default_factory=list)  # each new attempt after a lost node
+    ready_at: datetime | None = None  # first ready: max_runtime_seconds counts from here
 
     @property
     def workflow_id(self) -> str:

@@ -72,12 +72,16 @@ async def fake_worker(
     records: Records | None = None,
     api_url: str = "http://127.0.0.1:9",  # nothing listens: only agent tests need the API
     shuffle_offers: int | None = None,  # the fake's plan order: a seeded shuffle
+    *,
+    sandboxed: bool = True,
 ) -> AsyncIterator[tuple[GpuprovClient, FakeCloud]]:
     """A worker with the fake cloud and a real database (a fresh SQLite file unless given)."""
     with tempfile.TemporaryDirectory(prefix="gpuprov-test-") as data_dir:
         own_records = records or open_records(f"sqlite:///{data_dir}/gpuprov.db")
         cloud = FakeCloud(config, shuffle_offers=shuffle_offers)
-        worker = build_worker(client, task_queue, {"fake": cloud}, own_records, api_url=api_url)
+        worker = build_worker(
+            client, task_queue, {"fake": cloud}, own_records, api_url=api_url, sandboxed=sandboxed
+        )
         try:
             async with worker:
                 yield GpuprovClient(client, task_queue), cloud

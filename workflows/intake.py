@@ -6,15 +6,28 @@ undecodable bytes, a non-object, a missing or invalid field, or a workflow id th
 `job-<name>` are a `JobSpecError` naming the problem. The workflow then fails at once, before
 any side effect, instead of failing its first workflow task forever while the name stays taken
 (and a job whose id and name disagree would act on another job's records). Pure functions.
+
+A run started by continue-as-new gets a `JobCarry` instead: the job's state handed over by its
+previous run (a job that lives for weeks keeps each run's history short). Only a run that
+Temporal itself started as a continuation is read that way; a client cannot start one.
 """
 
 from __future__ import annotations
 
+from pydantic import Field, ValidationError
 from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
 from temporalio.converter import PayloadConverter
 
-from gpuprov.models import JobSpec, JobSpecError, parse_job_spec, workflow_id_for
+from gpuprov.models import (
+    JobSpec,
+    JobSpecError,
+    JobStatus,
+    format_validation_error,
+    parse_job_spec,
+    workflow_id_for,
+)
+from providers.base import Capabilities, Model
 
 # The workflow's input when it was started without one.
 NO_INPUT = RawValue(Payload())
@@ -23,6 +36,30 @@ NO_INPUT = RawValue(Payload())
 def job_name_of(workflow_id: str) -> str:
     """The job's name as its workflow id says it (for the status of a job whose spec failed)."""
     return workflow_id.removeprefix("job-")
+
+
+class JobCarry(Model):
+    """What a job hands to its next run when it continues as new."""
+
+    spec: JobSpec
+    status: JobStatus
+    capabilities: dict[str, Capabilities] = Field(default_factory=dict)
+    epoch: int = Field(default=0, ge=0)  # the run's current epoch (restarts so far)
+    release_requested: bool = False
+
+
+def accept_carry(raw: RawValue, workflow_id: str, converter: PayloadConverter) -> JobCarry:
+    try:
+        carry = converter.from_payload(raw.payload, JobCarry)
+    except ValidationError as error:
+        raise JobSpecError(f"invalid carried job state: {format_validation_error(error)}") from None
+    except Exception as error:  # the bytes are not a JSON document
+        raise JobSpecError(
+            f"the carried job state is not decodable ({type(error).__name__})"
+        ) from None
+    if workflow_id != workflow_id_for(carry.spec.name):
+        raise JobSpecError(f"name: the carried job is not {workflow_id[:100]!r}'s")
+    return carry
 
 
 def accept_job_spec(raw: RawValue, workflow_id: str, converter: PayloadConverter) -> JobSpec:

@@ -3,19 +3,19 @@
 1. accept: the input is a valid job spec whose name matches the workflow id (job-<name>), or
    the workflow fails at once naming the field, before any side effect (workflows/intake.py);
 2. existing workers: one local activity reads the providers' capabilities and the shared blocks
-   and reserves idle, compatible existing workers for every node (all or none); if it got them,
-   the job skips to step 5;
-3. provision, within `provisioning_timeout_seconds`: plan on every enabled provider in parallel,
-   skip offers under a block, rank the rest cheapest first (workflows/selection.py);
-4. try offers in that order, one saga attempt each (workflows/attempt.py): record an estimate,
-   bring every node up and wait for its agent's registration. A failure is decided by
-   `workflows/policy.py`: unwind the attempt's compensations (LIFO), block what it says (shared
-   with every job until the block expires), abort, or move on to the next offer. When other
-   jobs' blocks cover every offer left, wait for the first to lapse and plan again;
-5. the k3s profile, where the spec asks for it; the job's workers busy, its VM rows running;
-6. ready: wait for `release` (signal) or cancellation, checking each machine's health on the
-   job's interval;
-7. release: terminate and confirm gone (or keep); workers revoked, existing ones freed.
+   and reserves idle, compatible existing workers for every node (all or none);
+3. provision, when it got none (workflows/provisioning.py): plan, rank, try offers as saga
+   attempts within `provisioning_timeout_seconds`, failing over per workflows/policy.py;
+4. placed: the k3s profile where the spec asks for it; the job's workers busy, its VM rows
+   running; the job is `ready`;
+5. serve: a lease (no `run`) waits for `release`; a job with `run` gives every node its work and
+   is `running` until the work ends everywhere (workflows/running.py). A node lost or reclaimed
+   meanwhile blocks its offer, tears the attempt down and places the job again, up to
+   `recovery.max_restarts`. Either way the job wakes on `workers_changed` (a signal that only
+   says "look again": it then reads the database), on its health-check interval and on
+   `max_runtime_seconds`; a long-lived job continues as new before its history grows large;
+6. release: stop the work, terminate and confirm gone (or keep); workers revoked, existing ones
+   freed.
 Cancellation at any moment still unwinds. State changes, attempts, failovers and time to ready
 are counted in workflows/metrics.py.
 """
@@ -24,58 +24,66 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
+from collections.abc import Callable
+from datetime import datetime, timedelta
 
 from temporalio import workflow
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    import workflows.health as health
     import workflows.metrics as metrics
-    import workflows.policy as policy
+    import workflows.profile as profile
     import workflows.report as report
-    from activities.cloud import CloudActivities, PlanInput
+    import workflows.running as running
+    import workflows.teardown as teardown
     from activities.errors import StepFailure
-    from activities.health import HealthInput
+    from activities.health import HealthActivities, HealthInput, NodesHealthInput
     from activities.job_context import ContextInput, JobContextActivities
-    from activities.k3s import K3sActivities, K3sInput, K3sNode
     from activities.store import (
-        BlockInput,
-        CostInput,
         PlacedInput,
         ReleaseInput,
         ReserveInput,
         StoreActivities,
         VmStatusInput,
     )
+    from activities.work import AssignInput, EpochInput, WorkActivities
     from gpuprov import search_attributes
     from gpuprov.models import (
-        Attempt,
         AttemptOutcome,
         Block,
         BlockScope,
-        JobSpec,
         JobSpecError,
         JobState,
         JobStatus,
         NodeInstance,
         ReleasePolicy,
+        Restart,
     )
-    from providers.base import Capabilities, Offer
-    from workflows.attempt import AttemptSaga
+    from providers.base import Capabilities
+    from providers.errors import ErrorKind
     from workflows.compensation import (
         Compensation,
         CompensationStack,
         unwind_surviving_cancellation,
     )
-    from workflows.intake import NO_INPUT, accept_job_spec, job_name_of
-    from workflows.selection import blocking, rank_offers
+    from workflows.failures import JobFailed
+    from workflows.intake import NO_INPUT, JobCarry, accept_carry, accept_job_spec, job_name_of
+    from workflows.provisioning import Provisioning
+    from workflows.running import gpus_of
     from workflows.steps import run_step
 
+# A run's history is handed over to a new run (continue-as-new) past this many events; Temporal
+# warns at 10,240 and stops a run at 51,200.
+MAX_EVENTS_PER_RUN = 8_000
+# How long a stop waits for every node to report its work ended (SIGTERM, the agent's grace
+# period, SIGKILL) before the teardown goes ahead anyway.
+STOP_WAIT = timedelta(seconds=90)
+STOP_RECHECK = timedelta(seconds=5)
 
-class JobFailed(Exception):
-    """Internal: the job cannot succeed; `run` turns it into the workflow's failure."""
+
+class NodeLost(Exception):
+    """Internal: a node of the running job was lost or reclaimed."""
 
 
 @workflow.defn(name="ProvisionJob")
@@ -83,10 +91,13 @@ class ProvisionJob:
     def __init__(self) -> None:
         self._status = JobStatus(name=job_name_of(workflow.info().workflow_id))
         self._release_requested = False
+        self._changed = False  # `workers_changed` arrived: read the nodes' state again
         self._capabilities: dict[str, Capabilities] = {}
         self._stack = CompensationStack()
-        # Shared blocks read by the first step, for the first plan only.
-        self._prefetched_blocks: list[Block] | None = None
+        self._prefetched_blocks: list[Block] | None = None  # for the first plan only
+        self._provisioning: Provisioning | None = None
+        self._epoch = 0  # the run's restarts so far: each epoch's work rows are its own
+        self._next_check: datetime | None = None
 
     @workflow.query
     def status(self) -> JobStatus:
@@ -96,21 +107,19 @@ class ProvisionJob:
     def release(self) -> None:
         self._release_requested = True
 
+    @workflow.signal(name="workers_changed")
+    def workers_changed(self) -> None:
+        """Something about a node changed in the database: look again. Anyone who can reach
+        Temporal may send it; it changes nothing by itself."""
+        self._changed = True
+
     @workflow.run
     async def run(self, raw: RawValue = NO_INPUT) -> JobStatus:
-        self._spec = self._accept(raw)
-        self._complete_start_attributes()
-        metrics.job_state(JobState.QUEUED)
+        carry = self._accept(raw)
         try:
-            if await self._reserve_existing_workers():
-                metrics.provisioning_seconds("existing_worker")
-            else:
-                await self._provision_within_timeout()
-                metrics.provisioning_seconds("provisioned")
-            await self._set_up_profile()
-            await self._mark_placed()
-            self._set_state(JobState.READY, "release: signal `release` or cancel the workflow")
-            await self._serve_until_released()
+            if carry is None:
+                await self._place()
+            await self._serve()
             await self._release()
             self._set_state(JobState.COMPLETED)
             return self._status
@@ -118,6 +127,7 @@ class ProvisionJob:
             if self._status.state in (JobState.QUEUED, JobState.PROVISIONING):
                 metrics.provisioning_seconds("cancelled")
             self._set_state(JobState.RELEASING, "teardown after cancellation")
+            await self._stop_work()
             await self._unwind()
             await self._free_workers()
             self._set_state(JobState.CANCELLED)
@@ -125,23 +135,33 @@ class ProvisionJob:
         except (JobFailed, StepFailure) as failure:
             # A StepFailure here is a bookkeeping step (the database) that failed for good
             # outside any attempt: the policy fails the job, which releases what it holds.
-            metrics.provisioning_seconds("failed")
-            await self._unwind()  # nothing is left by now; kept as a guarantee
+            if self._status.state in (JobState.QUEUED, JobState.PROVISIONING):
+                metrics.provisioning_seconds("failed")
+            await self._unwind()  # nothing is left by now unless placed; kept as a guarantee
             await self._free_workers()
             self._fail(str(failure))
             raise ApplicationError(str(failure), type="JobFailed", non_retryable=True) from None
 
     # ------------------------------------------------------------------ 1. accept
 
-    def _accept(self, raw: RawValue) -> JobSpec:
-        """The job spec, or the workflow fails now: nothing has happened yet to undo."""
+    def _accept(self, raw: RawValue) -> JobCarry | None:
+        """The job spec (or, in a continued run, the state carried over), or the workflow
+        fails now: nothing has happened yet to undo."""
+        info = workflow.info()
         try:
-            return accept_job_spec(raw, workflow.info().workflow_id, workflow.payload_converter())
+            if info.continued_run_id is not None:
+                carry = accept_carry(raw, info.workflow_id, workflow.payload_converter())
+                self._resume(carry)
+                return carry
+            self._spec = accept_job_spec(raw, info.workflow_id, workflow.payload_converter())
         except JobSpecError as invalid:
             self._fail(str(invalid))
             raise ApplicationError(
                 str(invalid), type="InvalidJobSpec", non_retryable=True
             ) from None
+        self._complete_start_attributes()
+        metrics.job_state(JobState.QUEUED)
+        return None
 
     def _complete_start_attributes(self) -> None:
         """`GpuprovClient.submit` sets the state (queued) and the GPU at start, at no cost in
@@ -156,7 +176,48 @@ class ProvisionJob:
         if missing:
             workflow.upsert_search_attributes(missing)
 
-    # ------------------------------------------------------------------ 2. existing workers
+    def _resume(self, carry: JobCarry) -> None:
+        """A continued run takes over its predecessor's state; the machines it holds get their
+        teardown pushed again (in node order, so the unwind runs as it would have)."""
+        self._spec, self._status, self._epoch = carry.spec, carry.status, carry.epoch
+        self._capabilities = carry.capabilities
+        self._release_requested = self._release_requested or carry.release_requested
+        for node in self._status.live_nodes():
+            if node.status != "kept":
+                self._push_retire(node)
+        if self._status.attempts:  # provisioned: a restart provisions again
+            self._provisioning = Provisioning(
+                self._spec,
+                self._status,
+                self._capabilities,
+                self._waiting,
+                self._record_leak,
+                stack=self._stack,
+            )
+
+    def _push_retire(self, node: NodeInstance) -> None:
+        hints = self._capabilities[node.provider]
+        self._stack.push(
+            Compensation(name=f"tear down {node.vm}", run=lambda: teardown.retire(node, hints))
+        )
+
+    # ------------------------------------------------------------------ 2-4. place
+
+    async def _place(self) -> None:
+        """Existing workers, else a provisioned attempt; then the profile and the records."""
+        first = self._status.ready_at is None
+        if await self._reserve_existing_workers():
+            outcome = "existing_worker"
+        else:
+            await self._provision()
+            outcome = "provisioned"
+        if first:
+            metrics.provisioning_seconds(outcome)
+        await self._set_up_profile()
+        await self._mark_placed()
+        if first:
+            self._status.ready_at = workflow.now()
+        self._set_state(JobState.READY, "release: signal `release` or cancel the workflow")
 
     async def _reserve_existing_workers(self) -> bool:
         """One local activity: the providers' capabilities and the shared blocks for the first
@@ -178,200 +239,26 @@ class ProvisionJob:
         self._prefetched_blocks = context.blocks
         return bool(context.reserved)
 
-    # ------------------------------------------------------------------ 3. provision
-
-    async def _provision_within_timeout(self) -> None:
-        timeout = self._spec.provisioning_timeout_seconds
-        task = asyncio.create_task(self._provision())
-        try:
-            done, _ = await workflow.wait([task], timeout=timeout)
-        except asyncio.CancelledError:
-            task.cancel()
-            await _settled(task)
-            raise
-        if task in done:
-            task.result()
-            return
-        task.cancel()
-        await _settled(task)
-        raise JobFailed(
-            f"provisioning timed out after {timeout}s; instances released.{self._attempt_lines()}"
-        )
-
     async def _provision(self) -> None:
-        if not self._spec.placement.provisioning:
-            raise JobFailed("placement.provisioning is false and no existing worker is eligible")
-        while True:
-            self._waiting("offers from the enabled providers")
-            offers = await self._plan()
-            for offer in offers:
-                if blocking(self._status.blocks, offer) is not None or self._tried(offer):
-                    continue
-                if await self._try_offer(offer):
-                    return
-            wait = self._until_a_shared_block_lapses(offers)
-            if wait is None:
-                raise JobFailed(self._spent_message(offers))
-            # Other jobs' recent failures block every offer left: wait for the first of those
-            # blocks to lapse and plan again (within the provisioning timeout), rather than fail
-            # a job that never tried.
-            self._waiting(f"offers blocked by other jobs' failures; next block lapses in {wait:g}s")
-            await workflow.sleep(wait)
-
-    async def _plan(self) -> list[Offer]:
-        if self._prefetched_blocks is not None:  # the first plan reads what step 2 read
-            shared_blocks, self._prefetched_blocks = self._prefetched_blocks, None
-        else:
-            self._capabilities, shared_blocks = await asyncio.gather(
-                run_step(CloudActivities.describe_providers),
-                run_step(StoreActivities.active_blocks),
-            )
-        own = [block for block in self._status.blocks if block.expires_at is None]
-        self._status.blocks = own + [
-            block for block in shared_blocks if not any(_same(block, o) for o in own)
-        ]
-        allowed = self._spec.placement.providers
-        providers = [p for p in sorted(self._capabilities) if allowed is None or p in allowed]
-        request = self._spec.resource_request()
-        results = await asyncio.gather(
-            *(self._plan_one(PlanInput(provider=p, request=request)) for p in providers)
+        self._provisioning = Provisioning(
+            self._spec,
+            self._status,
+            self._capabilities,
+            self._waiting,
+            self._record_leak,
+            prefetched_blocks=self._prefetched_blocks,
         )
-        offers = [offer for result in results for offer in result]
-        ranked, rejected = rank_offers(offers, self._spec.nodes, self._spec.max_hourly_cost)
-        self._status.rejected_offers += rejected
-        return ranked
-
-    async def _plan_one(self, request: PlanInput) -> list[Offer]:
-        try:
-            result = await run_step(
-                CloudActivities.plan, request, summary=f"plan on {request.provider}"
-            )
-        except StepFailure as failure:
-            decision = policy.decide(failure.failure())
-            if decision.abort:
-                raise JobFailed(f"aborted: plan on {request.provider}: {failure}") from None
-            if decision.block is not BlockScope.NONE:
-                await self._add_block(decision.block, request.provider, failure)
-            return []
-        self._status.rejected_offers += result.rejected
-        return result.offers
-
-    def _tried(self, offer: Offer) -> bool:
-        return any(attempt.offer.id == offer.id for attempt in self._status.attempts)
-
-    def _until_a_shared_block_lapses(self, offers: list[Offer]) -> float | None:
-        """Seconds until an untried offer is free of blocks, counting only shared blocks (with
-        an expiry); None when every offer left is blocked by this job's own failures."""
-        now = workflow.now()
-        waits = []
-        for offer in offers:
-            if self._tried(offer):
-                continue
-            covering = [block for block in self._status.blocks if block.covers(offer)]
-            if covering and all(block.expires_at is not None for block in covering):
-                lapse = max(block.expires_at for block in covering if block.expires_at)
-                waits.append(max(1.0, math.ceil((lapse - now).total_seconds())))
-        return min(waits) if waits else None
-
-    # ------------------------------------------------------------------ 4. try an offer
-
-    async def _try_offer(self, offer: Offer) -> bool:
-        """One saga attempt on `offer`. True when every node is placed; False to fail over."""
-        attempt = Attempt(number=len(self._status.attempts) + 1, offer=offer)
-        self._status.attempts.append(attempt)
-        self._stack = CompensationStack()
-        metrics.offer_tried(offer)
-        placement = [
-            search_attributes.PROVIDER.value_set(offer.provider),
-            search_attributes.REGION.value_set(offer.region),
-        ]
-        if self._status.state is not JobState.PROVISIONING:
-            # The first offer tried: the job moves to provisioning in the same upsert (each
-            # upsert is an event, and a visibility write on the server).
-            placement.append(search_attributes.STATE.value_set(JobState.PROVISIONING.value))
-            metrics.job_state(JobState.PROVISIONING)
-            self._status.state = JobState.PROVISIONING
-        workflow.upsert_search_attributes(placement)
-        await self._record_estimate(offer)
-        saga = AttemptSaga(
-            self._spec, attempt, self._capabilities[offer.provider], self._stack, self._waiting
-        )
-        self._status.nodes += saga.nodes
-        try:
-            await saga.bring_up()
-        except StepFailure as failure:
-            await self._fail_attempt(attempt, failure)
-            return False
-        except asyncio.CancelledError:
-            # Workflow cancelled or provisioning timed out: undo this attempt, then propagate.
-            attempt.outcome = AttemptOutcome.ABANDONED
-            self._waiting(f"teardown of attempt #{attempt.number} after cancellation")
-            await self._unwind()
-            raise
-        attempt.outcome = AttemptOutcome.SUCCEEDED
-        return True
-
-    async def _fail_attempt(self, attempt: Attempt, failure: StepFailure) -> None:
-        attempt.outcome = AttemptOutcome.FAILED
-        attempt.step, attempt.kind, attempt.message = failure.step, failure.kind, failure.message
-        metrics.failover(failure.kind, attempt.offer)
-        # `failure` is one node's (the first in node order); another node's create may have
-        # landed with its answer lost, so every node whose first step started is torn down
-        # (retire observes by identity first: a node where nothing landed costs one observe).
-        decision = policy.decide(failure.failure(instances_may_exist=len(self._stack) > 0))
-        if decision.teardown:
-            self._waiting(f"teardown of attempt #{attempt.number}")
-            await self._unwind()
-        for node in self._status.nodes:
-            if node.attempt == attempt.number and node.status == "requested":
-                node.status = "not_created"  # nothing was started for it
-        if decision.block is not BlockScope.NONE:
-            key = _block_key(decision.block, attempt.offer)
-            await self._add_block(decision.block, key, failure)
-        if decision.abort:
-            raise JobFailed(f"aborted by {failure.kind.value}:{self._attempt_lines()}")
-
-    async def _record_estimate(self, offer: Offer) -> None:
-        """The estimate for the whole job on this offer (None-priced offers record nothing)."""
-        if offer.price is None:
-            self._status.hourly_cost = None
-            return
-        quote = offer.price.model_copy(update={"amount": offer.price.amount * self._spec.nodes})
-        self._status.hourly_cost = quote
-        metrics.estimated_spend(offer.provider, quote)
-        await run_step(StoreActivities.record_cost, CostInput(job=self._spec.name, quote=quote))
-
-    async def _add_block(self, scope: BlockScope, key: str, failure: StepFailure) -> None:
-        if any(b.scope is scope and b.key == key for b in self._status.blocks):
-            return
-        block = Block(scope=scope, key=key, kind=failure.kind, message=failure.message)
-        self._status.blocks.append(block)
-        await run_step(StoreActivities.record_block, BlockInput(job=self._spec.name, block=block))
-
-    # ------------------------------------------------------------------ 5. profile, placed
+        self._prefetched_blocks = None
+        await self._provisioning.within_timeout()
+        self._stack = self._provisioning.stack  # the winning attempt's: undone at release
+        self._capabilities = self._provisioning.capabilities
 
     async def _set_up_profile(self) -> None:
-        """`profile: k3s`: node 0 runs the k3s server, the others join it (activities/k3s.py,
-        over SSH; the cluster's join token never leaves the worker)."""
-        if self._spec.profile != "k3s":
-            return
-        nodes = [node for node in self._status.live_nodes() if node.status == "running"]
-        missing = [node.vm for node in nodes if node.ssh is None]
-        if not nodes or missing:
-            raise JobFailed(f"the k3s profile needs SSH to every node; none for {missing}")
-        self._waiting(f"k3s: server on {nodes[0].vm}, {len(nodes) - 1} agent(s) joining")
-        cluster = await run_step(
-            K3sActivities.setup_k3s,
-            K3sInput(
-                nodes=[
-                    K3sNode(vm=node.vm, provider=node.provider, ssh=node.ssh)
-                    for node in nodes
-                    if node.ssh is not None
-                ]
-            ),
-            summary=f"k3s on {len(nodes)} node(s)",
-        )
-        self._status.kubeconfig = cluster.kubeconfig
+        """`profile: k3s`: node 0 runs the k3s server, the others join it."""
+        if self._spec.profile == "k3s":
+            machines = self._placed_machines()
+            self._waiting(f"k3s: server and {len(machines) - 1} agent(s) on the nodes")
+            self._status.kubeconfig = await profile.set_up_k3s(machines)
 
     async def _mark_placed(self) -> None:
         """The job runs now: its workers are busy, its machines' rows say running."""
@@ -388,34 +275,172 @@ class ProvisionJob:
             ),
         )
 
-    # ------------------------------------------------------------------ 6. ready
+    def _placed_machines(self) -> list[NodeInstance]:
+        return [node for node in self._status.live_nodes() if node.status == "running"]
 
-    async def _serve_until_released(self) -> None:
-        """Wait for `release`; meanwhile check each machine's health on the job's interval and
-        show it in the status and the current details."""
-        interval = self._spec.health_check_interval_seconds
-        machines = [node for node in self._status.live_nodes() if node.status == "running"]
-        if not interval or not machines:
-            await workflow.wait_condition(lambda: self._release_requested)
+    # ------------------------------------------------------------------ 5. serve
+
+    async def _serve(self) -> None:
+        if self._spec.run is None:
+            await self._serve_lease()
             return
         while True:
             try:
-                await workflow.wait_condition(lambda: self._release_requested, timeout=interval)
+                await self._run_epoch()
                 return
-            except TimeoutError:
-                await self._check_health(machines)
+            except NodeLost as lost:
+                await self._restart(str(lost))
 
-    async def _check_health(self, machines: list[NodeInstance]) -> None:
-        reports = await asyncio.gather(
-            *(
-                health.check(HealthInput(vm=node.vm, expected_gpus=_gpus_of(node)))
-                for node in machines
-            )
+    async def _serve_lease(self) -> None:
+        """Ready until `release` or `max_runtime_seconds`, watching the machines' health."""
+        while not await self._should_end():
+            await self._look()
+            self._continue_as_new_if_long()
+
+    async def _run_epoch(self) -> None:
+        """Give every node its work (again, in a continued run: a repeat changes nothing) and
+        follow it until it ends everywhere, the job is released, or a node is lost."""
+        epoch = EpochInput(job=self._spec.name, epoch=self._epoch)
+        nodes = self._placed_nodes()
+        await run_step(
+            WorkActivities.assign_work,
+            AssignInput(
+                job=self._spec.name,
+                epoch=self._epoch,
+                assignments=running.assignments(self._spec, nodes),
+            ),
         )
-        self._status.health = list(reports)
+        self._set_state(JobState.RUNNING, f"the work to end on {len(nodes)} node(s)")
+        self._changed = True  # read the nodes' state once before the first wait
+        while not await self._should_end():
+            self._status.work = await run_step(WorkActivities.work_state, epoch)
+            await self._look()
+            judgement = running.judge(self._status.work, self._status.health, {})
+            if isinstance(judgement, running.Completed):
+                return
+            if isinstance(judgement, running.Failed):
+                await self._stop_work()
+                self._status.error = judgement.message
+                await self._release()
+                raise JobFailed(judgement.message)
+            if isinstance(judgement, running.Lost):
+                raise NodeLost(judgement.cause)
+            self._continue_as_new_if_long()
+        await self._stop_work()
+
+    def _placed_nodes(self) -> list[running.PlacedNode]:
+        return running.placed_nodes(self._placed_machines(), self._status.existing_workers)
+
+    async def _should_end(self) -> bool:
+        """Wait for news: `release`, `workers_changed`, the next health check or the runtime
+        limit. True when the job should end now (released, or past its runtime)."""
+        if not self._changed and not self._release_requested:
+            await _until(lambda: self._changed or self._release_requested, self._until_next_wake())
+        self._changed = False  # what follows reads the state; a signal from now on is news
+        if self._release_requested:
+            return True
+        limit = self._spec.max_runtime_seconds
+        ready_at = self._status.ready_at
+        if limit and ready_at and workflow.now() >= ready_at + timedelta(seconds=limit):
+            self._waiting(f"release: max_runtime_seconds ({limit}s) reached")
+            return True
+        return False
+
+    def _until_next_wake(self) -> float | None:
+        now = workflow.now()
+        wakes = []
+        interval = self._spec.health_check_interval_seconds
+        if interval and (self._placed_machines() or self._spec.run is not None):
+            if self._next_check is None:
+                self._next_check = now + timedelta(seconds=interval)
+            wakes.append(self._next_check)
+        limit = self._spec.max_runtime_seconds
+        if limit is not None and self._status.ready_at is not None:
+            wakes.append(self._status.ready_at + timedelta(seconds=limit))
+        if not wakes:
+            return None
+        return max(1.0, (min(wakes) - now).total_seconds())
+
+    async def _look(self) -> None:
+        """After a wake: the machines' health when a check is due, then the details."""
+        due = self._next_check is not None and workflow.now() >= self._next_check
+        if not due:
+            self._publish_details()
+            return
+        machines = self._placed_machines()
+        if machines:
+            checks = [HealthInput(vm=node.vm, expected_gpus=gpus_of(node)) for node in machines]
+            self._status.health = await run_step(
+                HealthActivities.check_nodes,
+                NodesHealthInput(checks=checks),
+                summary=f"health of {len(checks)} node(s)",
+            )
+        interval = self._spec.health_check_interval_seconds or 0
+        self._next_check = workflow.now() + timedelta(seconds=interval)
         self._publish_details()
 
-    # ------------------------------------------------------------------ 7. release
+    async def _restart(self, cause: str) -> None:
+        """A node was lost while the work ran: give the epoch up, block the offer, tear the
+        attempt down and revoke its workers (so its work can never report again), then place
+        the job anew and run the work from the start."""
+        limit = self._spec.recovery.max_restarts
+        if self._provisioning is None:
+            # An existing worker that went silent cannot be made to stop its work: running the
+            # work again elsewhere could run it twice at once.
+            raise JobFailed(f"{cause}; a job on existing workers is not restarted")
+        if len(self._status.restarts) >= limit:
+            raise JobFailed(f"{cause}; no restart left (recovery.max_restarts {limit})")
+        self._status.restarts.append(
+            Restart(number=len(self._status.restarts) + 1, at=workflow.now(), cause=cause)
+        )
+        self._waiting(f"restart {len(self._status.restarts)}: {cause}")
+        epoch = EpochInput(job=self._spec.name, epoch=self._epoch)
+        await run_step(WorkActivities.abandon_work, epoch)
+        attempt = self._status.attempts[-1]
+        attempt.outcome = AttemptOutcome.FAILED
+        attempt.step, attempt.kind, attempt.message = "run", ErrorKind.FAILED, cause
+        lost = StepFailure("run", ErrorKind.FAILED, cause)
+        await self._provisioning.add_block(BlockScope.OFFER, attempt.offer.id, lost)
+        await self._unwind()
+        await self._free_workers()
+        self._epoch += 1
+        self._status.work, self._status.health, self._next_check = [], [], None
+        await self._place()
+
+    def _continue_as_new_if_long(self) -> None:
+        info = workflow.info()
+        long = info.get_current_history_length() >= MAX_EVENTS_PER_RUN
+        if not long and not info.is_continue_as_new_suggested():
+            return
+        workflow.continue_as_new(
+            JobCarry(
+                spec=self._spec,
+                status=self._status,
+                capabilities=self._capabilities,
+                epoch=self._epoch,
+                release_requested=self._release_requested,
+            )
+        )
+
+    # ------------------------------------------------------------------ 6. release
+
+    async def _stop_work(self) -> None:
+        """Ask the nodes to stop the work (SIGTERM, grace, SIGKILL) and wait, boundedly, for
+        them to say it ended; the teardown that follows ends what is left anyway."""
+        if self._spec.run is None or not self._status.work:
+            return
+        epoch = EpochInput(job=self._spec.name, epoch=self._epoch)
+        try:
+            await run_step(WorkActivities.stop_work, epoch)
+            deadline = workflow.now() + STOP_WAIT
+            while workflow.now() < deadline:
+                self._changed = False
+                self._status.work = await run_step(WorkActivities.work_state, epoch)
+                if running.settled(self._status.work):
+                    return
+                await _until(lambda: self._changed, STOP_RECHECK.total_seconds())
+        except StepFailure as failure:
+            self._status.leaks.append(f"stopping the work: {failure}")
 
     async def _release(self) -> None:
         self._set_state(JobState.RELEASING, "terminating instances")
@@ -469,30 +494,8 @@ class ProvisionJob:
     def _publish_details(self) -> None:
         workflow.set_current_details(report.current_details(self._status))
 
-    def _attempt_lines(self) -> str:
-        return report.attempt_lines(self._status)
 
-    def _spent_message(self, offers: list[Offer]) -> str:
-        return report.spent_message(self._status, offers)
-
-
-def _gpus_of(node: NodeInstance) -> int | None:
-    """The GPUs the node reported at registration (None where it never registered)."""
-    return len(node.capabilities.gpus) if node.capabilities is not None else None
-
-
-def _same(block: Block, other: Block) -> bool:
-    return block.scope is other.scope and block.key == other.key
-
-
-def _block_key(scope: BlockScope, offer: Offer) -> str:
-    if scope is BlockScope.OFFER:
-        return offer.id
-    if scope is BlockScope.REGION:
-        return f"{offer.provider}/{offer.region}"
-    return offer.provider
-
-
-async def _settled(task: asyncio.Task[None]) -> None:
-    with contextlib.suppress(asyncio.CancelledError, JobFailed):
-        await task
+async def _until(condition: Callable[[], bool], timeout: float | None) -> None:
+    """Wait for `condition`, at most `timeout` seconds (None: as long as it takes)."""
+    with contextlib.suppress(TimeoutError):
+        await workflow.wait_condition(condition, timeout=timeout)

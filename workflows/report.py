@@ -18,6 +18,12 @@ def current_details(status: JobStatus) -> str:
     if status.error:
         lines.append(f"error: {status.error}")
     lines += [f"- attempt {a.describe()}" for a in status.attempts]
+    lines += [f"- restart {r.number}: {r.cause}" for r in status.restarts]
+    lines += [
+        f"- node {w.rank}: {w.state.value}"
+        + (f", exit code {w.exit_code}" if w.exit_code is not None else "")
+        for w in status.work
+    ]
     lines += [f"- blocked {b.scope.value} {b.key}: {b.kind.value}" for b in status.blocks]
     lines += [
         f"- node {health.vm}: **{health.verdict.value}**: "

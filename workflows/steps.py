@@ -30,6 +30,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.reconcile import ReconcileActivities
     from activities.registrations import RegistrationActivities
     from activities.store import StoreActivities
+    from activities.work import WorkActivities
     from providers.base import Capabilities
     from workflows import policy
     from workflows.policy import Stage
@@ -46,6 +47,7 @@ CALL_HEARTBEAT = timedelta(seconds=15)
 K3S_STEP = timedelta(minutes=30)  # the installers on every node, with their downloads
 K3S_HEARTBEAT = timedelta(seconds=60)
 HEALTH_STEP = timedelta(minutes=3)
+NODES_HEALTH_STEP = timedelta(minutes=10)  # every node of a job, 16 probes at a time
 
 # A fixed duration, or one derived from the provider's timing hints.
 Timing = timedelta | Callable[[Capabilities], timedelta]
@@ -108,6 +110,10 @@ STEPS: dict[Callable[..., Any], Step] = {
     StoreActivities.release_job_workers: _bookkeeping(policy.TEARDOWN_RETRY),
     StoreActivities.record_orphan: _bookkeeping(policy.TEARDOWN_RETRY),
     StoreActivities.resolve_orphan: _bookkeeping(),
+    WorkActivities.assign_work: _bookkeeping(),
+    WorkActivities.stop_work: _bookkeeping(),
+    WorkActivities.abandon_work: _bookkeeping(policy.TEARDOWN_RETRY),
+    WorkActivities.work_state: _bookkeeping(),
     # the cloud
     CloudActivities.plan: _cloud_call(Stage.PLAN),
     CloudActivities.prepare: _cloud_call(Stage.ATTEMPT),
@@ -122,6 +128,7 @@ STEPS: dict[Callable[..., Any], Step] = {
     ),
     K3sActivities.setup_k3s: Step(Stage.ATTEMPT, policy.FORWARD_RETRY, K3S_STEP, K3S_HEARTBEAT),
     HealthActivities.check_health: Step(Stage.ATTEMPT, policy.FORWARD_RETRY, HEALTH_STEP),
+    HealthActivities.check_nodes: Step(Stage.ATTEMPT, policy.FORWARD_RETRY, NODES_HEALTH_STEP),
     # the reconciler
     ReconcileActivities.reconcile_survey: Step(Stage.PLAN, policy.FORWARD_RETRY, CLOUD_STEP),
 }

@@ -36,6 +36,7 @@ def simulated_capabilities(
         gpu_runtime_ok=bool(gpus) and not runtime_broken,
         gpu_runtime_error=RUNTIME_MISMATCH if runtime_broken else None,
         agent_version="fake-agent",
+        address="127.0.0.1",  # every simulated node is on this machine
     )
 
 

@@ -10,7 +10,8 @@ Primitive -> what happens in the ledger:
 - create: adds one instance row labelled with the VM; `boot_mode` comes from fault effects.
 - observe: instances of the VM in the region that are not gone; Pending until boot_delay has
   passed, then Running with an SSH endpoint (Failed / forever Pending under fault effects);
-  Stopping until delete_delay has passed after a delete. With `simulate_agent`, a Running
+  Stopping until delete_delay has passed after a delete; Failed ("preempted") once the ledger
+  says the cloud took it back (`FakeCloudState.preempt`). With `simulate_agent`, a Running
   instance's agent registers through the real API with the join token from its bootstrap
   (providers/fake/agent.py).
 - observe_region: the same for every VM in the region in one call (counted as "list").
@@ -279,6 +280,10 @@ class FakeCloud(CloudProvider):
                 return None
             return Observed(id=row.id, status=InstanceStatus.STOPPING)
         booted = now - row.created_at >= self.config.boot_delay_seconds
+        if row.boot_mode == "preempted":
+            return Observed(
+                id=row.id, status=InstanceStatus.FAILED, message="preempted: the cloud took it back"
+            )
         if row.boot_mode == "failed" and booted:
             return Observed(
                 id=row.id, status=InstanceStatus.FAILED, message="instance failed to boot"

@@ -64,7 +64,7 @@ class InstanceRow:
     zone: str | None
     offer_id: str
     instance_type: str
-    boot_mode: str  # normal / failed / hang / bad_runtime
+    boot_mode: str  # normal / failed / hang / bad_runtime / preempted
     created_at: float
     deleted_at: float | None
     api_url: str | None = None  # the node's bootstrap (the cloud's "user data")
@@ -190,6 +190,11 @@ class FakeCloudState:
             db.execute(
                 "UPDATE instances SET agent_state = ? WHERE id = ?", (agent_state, instance_id)
             )
+
+    def preempt(self, instance_id: str) -> None:
+        """The cloud takes the machine back (a spot interruption): it reports Failed from now."""
+        with self._transaction() as db:
+            db.execute("UPDATE instances SET boot_mode = 'preempted' WHERE id = ?", (instance_id,))
 
     def mark_deleted(self, vm: str, region: str, ids: list[str]) -> None:
         with self._transaction() as db:

@@ -22,7 +22,8 @@ from gpuprov.records import Records
 REPO = Path(__file__).resolve().parents[2]
 INITIAL_TABLES = {"vms", "join_tokens", "cost_records", "blocks", "workers", "orphans"}
 CREDENTIAL_TABLES = {"worker_credentials", "operator_keys"}
-TABLES = INITIAL_TABLES | CREDENTIAL_TABLES
+WORK_TABLES = {"work", "log_chunks"}
+TABLES = INITIAL_TABLES | CREDENTIAL_TABLES | WORK_TABLES
 
 
 def schema(db: Database) -> dict[str, Any]:
@@ -69,7 +70,7 @@ def test_upgrade_creates_exactly_the_tables(empty: Database):
 
     assert set(sa.inspect(empty.engine).get_table_names()) == TABLES | {"alembic_version"}
     assert {table.name for table in metadata.sorted_tables} == TABLES
-    assert empty.current_revision() == head() == "0003_workers_vm_index"
+    assert empty.current_revision() == head() == "0004_work"
     described = schema(empty)
     assert ("uq_vms_vm", ("vm",)) in described["vms"]["unique"]
     assert ("uq_blocks_scope_key", ("scope", "key")) in described["blocks"]["unique"]
@@ -107,7 +108,8 @@ def test_the_credentials_migration_upgrades_a_database_in_use_and_goes_back(empt
 
     empty.upgrade("0002_credentials")
 
-    assert set(sa.inspect(empty.engine).get_table_names()) == TABLES | {"alembic_version"}
+    after = INITIAL_TABLES | CREDENTIAL_TABLES | {"alembic_version"}
+    assert set(sa.inspect(empty.engine).get_table_names()) == after
     assert {table: schema(empty)[table] for table in before} == before
     with empty.engine.connect() as connection:
         labels = connection.exec_driver_sql("SELECT label FROM workers").scalars().all()

@@ -37,6 +37,13 @@ FULL_SPEC: dict[str, Any] = {
     "release": "terminate_on_completion",
     "health_check_interval_seconds": 600,
     "profile": None,
+    "run": "torchrun train.py",
+    "setup": "pip install -r requirements.txt",
+    "env": {"WANDB_PROJECT": "demo"},
+    "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+    "ports": [8888],
+    "max_runtime_seconds": 86400,
+    "recovery": {"max_restarts": 3},
 }
 
 YAML_SPEC = """\
@@ -56,6 +63,14 @@ placement:
 max_hourly_cost: 40.0
 provisioning_timeout_seconds: 1800
 release: terminate_on_completion
+run: torchrun train.py
+setup: pip install -r requirements.txt
+env: {WANDB_PROJECT: demo}
+image: nvcr.io/nvidia/pytorch:24.05-py3
+ports: [8888]
+max_runtime_seconds: 86400
+recovery:
+  max_restarts: 3
 """
 
 TOML_SPEC = """\
@@ -64,6 +79,17 @@ nodes = 2
 max_hourly_cost = 40.0
 provisioning_timeout_seconds = 1800
 release = "terminate_on_completion"
+run = "torchrun train.py"
+setup = "pip install -r requirements.txt"
+image = "nvcr.io/nvidia/pytorch:24.05-py3"
+ports = [8888]
+max_runtime_seconds = 86400
+
+[env]
+WANDB_PROJECT = "demo"
+
+[recovery]
+max_restarts = 3
 
 [resources]
 gpu = "H100"
@@ -317,6 +343,7 @@ def test_job_state_values_are_the_public_names() -> None:
         "queued",
         "provisioning",
         "ready",
+        "running",
         "releasing",
         "completed",
         "failed",

@@ -1,0 +1,151 @@
+"""The job's work on its nodes: what each node runs, and what the nodes' reports mean. Pure.
+
+`assignments` gives every node its command: the spec's `setup` and `run`, the spec's `env`
+plus GPUPROV_JOB_NAME, GPUPROV_NODE_RANK (0..N-1), GPUPROV_NUM_NODES, GPUPROV_NODE_IPS
+(newline-separated, rank order) and GPUPROV_MASTER_ADDR (rank 0's address).
+`judge` reads the nodes' work states and health into one of: still running, completed (every
+node exited 0), failed (the first node, by rank, that exited otherwise: its code and last
+lines), or lost (a node the cloud reclaimed or whose agent went silent: a new attempt may run
+the work again).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpuprov.models import (
+    ExistingWorker,
+    HealthReport,
+    JobSpec,
+    NodeInstance,
+    NodeWork,
+    WorkState,
+)
+from gpuprov.work import Assignment, RunCommand
+from providers.base import Verdict
+
+MAX_TAIL_LINES = 20
+
+
+@dataclass(frozen=True)
+class PlacedNode:
+    """A node the work runs on: its rank, the worker that pulls the work, where it is."""
+
+    rank: int
+    worker_id: str
+    vm: str | None
+    address: str | None
+
+
+def placed_nodes(machines: list[NodeInstance], existing: list[ExistingWorker]) -> list[PlacedNode]:
+    """The nodes in rank order: the placed machines' workers, or the existing workers."""
+    registered = [node for node in machines if node.worker_id]
+    if registered:
+        return [
+            PlacedNode(
+                rank=rank, worker_id=node.worker_id or "", vm=node.vm, address=_address(node)
+            )
+            for rank, node in enumerate(registered)
+        ]
+    return [
+        PlacedNode(
+            rank=rank, worker_id=worker.worker_id, vm=None, address=worker.capabilities.address
+        )
+        for rank, worker in enumerate(existing)
+    ]
+
+
+def _address(node: NodeInstance) -> str | None:
+    """Where the other nodes reach this one: what its agent reported, else its SSH host."""
+    if node.capabilities is not None and node.capabilities.address:
+        return node.capabilities.address
+    return node.ssh.host if node.ssh is not None else None
+
+
+def gpus_of(node: NodeInstance) -> int | None:
+    """The GPUs the node reported at registration (None where it never registered)."""
+    return len(node.capabilities.gpus) if node.capabilities is not None else None
+
+
+def assignments(spec: JobSpec, nodes: list[PlacedNode]) -> list[Assignment]:
+    assert spec.run is not None
+    addresses = [node.address or "" for node in nodes]
+    common = {
+        **spec.env,
+        "GPUPROV_JOB_NAME": spec.name,
+        "GPUPROV_NUM_NODES": str(len(nodes)),
+        "GPUPROV_NODE_IPS": "\n".join(addresses),
+        "GPUPROV_MASTER_ADDR": addresses[0] if addresses else "",
+    }
+    return [
+        Assignment(
+            rank=node.rank,
+            worker_id=node.worker_id,
+            vm=node.vm,
+            command=RunCommand(
+                setup=spec.setup,
+                run=spec.run,
+                env={**common, "GPUPROV_NODE_RANK": str(node.rank)},
+            ),
+        )
+        for node in nodes
+    ]
+
+
+@dataclass(frozen=True)
+class Running:
+    pass
+
+
+@dataclass(frozen=True)
+class Completed:
+    pass
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+
+
+@dataclass(frozen=True)
+class Lost:
+    cause: str
+
+
+Judgement = Running | Completed | Failed | Lost
+
+
+def judge(
+    work: list[NodeWork], health: list[HealthReport], lost_workers: dict[str, str]
+) -> Judgement:
+    """What the nodes' reports add up to. `lost_workers`: worker id -> why it is lost (its
+    agent went silent, as the control plane saw it)."""
+    for node in work:
+        if node.worker_id in lost_workers and not node.state.final:
+            where = node.vm or f"worker {node.worker_id}"
+            return Lost(f"node {node.rank} ({where}): {lost_workers[node.worker_id]}")
+    for report in health:
+        if report.verdict in (Verdict.GONE, Verdict.UNHEALTHY):
+            said = "; ".join(f.message for f in report.findings if f.severity.value == "critical")
+            return Lost(f"{report.vm} is {report.verdict.value}: {said or 'the cloud says so'}")
+    exited = [node for node in work if node.state is WorkState.EXITED]
+    for node in sorted(exited, key=lambda n: n.rank):
+        if node.exit_code != 0:
+            return Failed(failure_message(node))
+    if work and all(node.state is WorkState.EXITED for node in work):
+        return Completed()
+    return Running()
+
+
+def failure_message(node: NodeWork) -> str:
+    where = node.vm or f"worker {node.worker_id}"
+    lines = (node.tail or "").rstrip("\n").splitlines()[-MAX_TAIL_LINES:]
+    tail = "".join(f"\n    {line}" for line in lines)
+    return f"node {node.rank} ({where}) exited with code {node.exit_code}" + (
+        f"; its last lines:{tail}" if tail else ""
+    )
+
+
+def settled(work: list[NodeWork]) -> bool:
+    """Whether nothing of the run executes any more (every node's part has ended)."""
+    return all(node.state.final for node in work)
