@@ -29,7 +29,13 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from gpuprov.config import ConfigError, Settings, load_settings
+from gpuprov.config import (
+    MAX_JOIN_TOKEN_TTL_SECONDS,
+    MAX_TTL_SECONDS,
+    ConfigError,
+    Settings,
+    load_settings,
+)
 from gpuprov.models import (
     JOB_NAME_PATTERN,
     MAX_DISK_GB,
@@ -641,26 +647,34 @@ def test_an_integer_over_pythons_digit_limit_is_a_job_spec_error(
 
 # ---------------------------------------------------------------------------- load_settings
 
+PORTS = st.integers(1, 65535)
+HOSTS = st.from_regex(r"[A-Za-z0-9._-]{1,20}", fullmatch=True)
 valid_settings = st.fixed_dictionaries(
     {},
     optional={
         "temporal": st.fixed_dictionaries(
             {},
             optional={
-                "address": st.text(max_size=20),
-                "namespace": st.text(max_size=20),
-                "ui_port": st.integers(0, 65535),
+                "address": st.builds("{}:{}".format, HOSTS, PORTS),
+                "namespace": st.text(min_size=1, max_size=20),
+                "ui_port": PORTS,
             },
         ),
-        "database": st.fixed_dictionaries({}, optional={"url": st.text(max_size=30)}),
+        "database": st.fixed_dictionaries(
+            {},
+            optional={
+                "url": st.builds("sqlite:///{}.db".format, HOSTS)
+                | st.builds("postgresql://u:p@{}:{}/db".format, HOSTS, PORTS)
+            },
+        ),
         "api": st.fixed_dictionaries(
-            {}, optional={"host": st.text(max_size=20), "port": st.integers(0, 65535)}
+            {}, optional={"host": st.text(min_size=1, max_size=20), "port": PORTS}
         ),
         "jobs": st.fixed_dictionaries(
             {},
             optional={
-                "block_ttl_seconds": st.integers(1, 10**6),
-                "join_token_ttl_seconds": st.integers(1, 10**6),
+                "block_ttl_seconds": st.integers(1, MAX_TTL_SECONDS),
+                "join_token_ttl_seconds": st.integers(1, MAX_JOIN_TOKEN_TTL_SECONDS),
             },
         ),
         "providers": st.fixed_dictionaries(
