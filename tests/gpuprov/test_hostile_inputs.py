@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import socket
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -559,3 +560,102 @@ async def test_the_api_answers_503_while_the_database_is_locked_and_recovers(api
         registered = await http.post(REGISTER, json=body(token=token))
     assert registered.status_code == 200, registered.text
     assert registered.json()["label"] == "box-1"
+
+
+# ---------------------------------------------------------------------------- PostgreSQL down
+
+
+class Gate:
+    """Closes and opens one database of the session's PostgreSQL to new connections, and ends
+    the open ones: to its clients, the database is down (or back) without stopping the server."""
+
+    def __init__(self, server_url: str, database_url: str) -> None:
+        self.name = sa.make_url(database_url).database
+        self.admin = sa.create_engine(
+            sa.make_url(server_url).set(database="postgres"), isolation_level="AUTOCOMMIT"
+        )
+
+    def close(self) -> None:
+        with self.admin.connect() as connection:
+            connection.exec_driver_sql(f'ALTER DATABASE "{self.name}" ALLOW_CONNECTIONS false')
+            connection.exec_driver_sql(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                f"WHERE datname = '{self.name}' AND pid <> pg_backend_pid()"
+            )
+
+    def open(self) -> None:
+        with self.admin.connect() as connection:
+            connection.exec_driver_sql(f'ALTER DATABASE "{self.name}" ALLOW_CONNECTIONS true')
+
+
+@pytest.fixture
+def gated_postgres(postgres_url: str, postgres_scratch: Any) -> Iterator[tuple[str, Gate]]:
+    url = postgres_scratch.create()
+    gate = Gate(postgres_url, url)
+    yield url, gate
+    gate.open()
+    gate.admin.dispose()
+    postgres_scratch.drop(url)
+
+
+async def test_the_api_answers_503_while_postgresql_is_down_and_recovers(
+    gated_postgres: tuple[str, Gate],
+) -> None:
+    url, gate = gated_postgres
+    records = open_records(url)
+    app = create_app(records)
+    port = free_port()
+    try:
+        async with (
+            serving(app, "127.0.0.1", port),
+            httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as http,
+        ):
+            assert (await http.post(REGISTER, json=body())).status_code == 401
+            await asyncio.to_thread(gate.close)
+            down = await http.post(REGISTER, json=body())
+            await asyncio.to_thread(gate.open)
+            back = await http.post(REGISTER, json=body())
+    finally:
+        records.db.dispose()
+    assert down.status_code == 503, down.text
+    assert down.headers["Retry-After"] == "5"
+    assert down.json()["cause"] == "database"
+    assert back.status_code == 401, back.text
+
+
+async def test_gpuprov_api_waits_for_postgresql_at_start_and_serves_once_it_is_up(
+    client: Client, gated_postgres: tuple[str, Gate], tmp_path: Path
+) -> None:
+    url, gate = gated_postgres
+    await asyncio.to_thread(gate.close)
+    port = free_port()
+    env = {
+        **clean_environment(),
+        "GPUPROV_TEMPORAL__ADDRESS": client.service_client.config.target_host,
+        "GPUPROV_DATABASE__URL": url,
+        "GPUPROV_DATABASE__WAIT_SECONDS": "600",
+        "GPUPROV_API__PORT": str(port),
+    }
+    process = await asyncio.create_subprocess_exec(
+        GPUPROV,
+        "api",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    assert process.stdout is not None and process.stderr is not None
+    try:
+        waiting = await asyncio.wait_for(process.stderr.readline(), 120)
+        assert waiting.startswith(b"waiting for the database: cannot open the database "), waiting
+        assert b"; retrying in 1s" in waiting
+        await asyncio.to_thread(gate.open)
+        serving_line = await asyncio.wait_for(process.stdout.readline(), 120)
+        assert serving_line.decode().startswith(f"control-plane API at http://127.0.0.1:{port}")
+        async with httpx.AsyncClient() as http:
+            health = await http.get(f"http://127.0.0.1:{port}/v1/health")
+        assert health.status_code == 200
+    finally:
+        process.send_signal(signal.SIGINT)
+        _, rest = await asyncio.wait_for(process.communicate(), 60)
+    assert process.returncode == 0, rest.decode()
+    assert b"Traceback" not in rest
