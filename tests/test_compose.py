@@ -236,8 +236,8 @@ def test_the_worker_reads_its_config_from_a_mounted_secret() -> None:
         assert config_file not in sources and "." not in sources
 
 
-# Published on every interface on purpose: GPU nodes must reach the API, which admits them by
-# join token. Everything else is published on loopback or not at all.
+# Published on every interface on purpose: GPU nodes must reach the API, which authenticates
+# every call. Everything else is published on loopback or not at all.
 PUBLIC_SERVICES = {"api"}
 
 
