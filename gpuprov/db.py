@@ -413,6 +413,21 @@ class Database:
         self.engine.dispose()
 
 
+def open_database(url: str) -> Database:
+    """The database at `url`, its schema brought to the latest migration.
+
+    DatabaseUnavailable, one line without the password, when it cannot be opened or migrated."""
+    database: Database | None = None
+    try:
+        database = Database(url)
+        database.upgrade()
+    except (sa.exc.DBAPIError, OSError) as error:
+        if database is not None:
+            database.dispose()
+        raise unavailable(url, error) from None
+    return database
+
+
 def alembic_config(connection: sa.Connection | None = None) -> Config:
     """Alembic's configuration, built in code: no alembic.ini needed at the repository root."""
     config = Config()

@@ -12,7 +12,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import exc as sa_exc
 from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, TelemetryConfig
 from temporalio.runtime import Runtime as TemporalRuntime
@@ -38,7 +37,7 @@ from gpuprov.config import (
     TemporalSettings,
 )
 from gpuprov.connection import connect_temporal
-from gpuprov.db import Database, DatabaseUnavailable, unavailable
+from gpuprov.db import DatabaseUnavailable, open_database
 from gpuprov.records import Records
 from providers import build_all
 from providers.base import CloudProvider
@@ -159,15 +158,7 @@ def open_records(url: str) -> Records:
     """Connect to the database and bring its schema to the latest migration.
 
     DatabaseUnavailable, one line without the password, when it cannot be opened or migrated."""
-    database: Database | None = None
-    try:
-        database = Database(url)
-        database.upgrade()
-    except (sa_exc.DBAPIError, OSError) as error:
-        if database is not None:
-            database.dispose()
-        raise unavailable(url, error) from None
-    return Records(database)
+    return Records(open_database(url))
 
 
 async def open_records_patiently(

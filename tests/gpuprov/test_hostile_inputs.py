@@ -188,6 +188,13 @@ CLI_CASES: dict[str, Case] = {
         env={"GPUPROV_DATABASE__URL": "postgresql://gpuprov:hunter2@127.0.0.1:1/gpuprov"},
         absent="hunter2",
     ),
+    "env-database-closed-port-apikey": Case(
+        ["apikey", "list"],
+        "cannot open the database postgresql://gpuprov:***@127.0.0.1:1/gpuprov",
+        env={"GPUPROV_DATABASE__URL": "postgresql://gpuprov:hunter2@127.0.0.1:1/gpuprov"},
+        absent="hunter2",
+    ),
+    "apikey-empty-name": Case(["apikey", "create", "--name", ""], "--name: "),
     "env-section-as-value": Case(
         ["list"],
         "GPUPROV_TEMPORAL__ADDRESS__HOST: address is not a section",
