@@ -139,6 +139,7 @@ CLI_CASES: dict[str, Case] = {
     ),
     "status-bad-name": Case(["status", "Bad Name!"], "argument name: 'Bad Name!' is not a job"),
     "cancel-3000-character-name": Case(["cancel", LONG], "argument name: "),
+    "end-bad-name": Case(["end", "Bad Name!", "--yes"], "argument name: 'Bad Name!' is not a job"),
     "list-provider-injection": Case(
         ["list", "--provider", "x' OR WorkflowId != ''"], "argument --provider: invalid choice"
     ),
