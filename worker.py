@@ -7,22 +7,26 @@ set, it serves Prometheus metrics (Temporal SDK and gpuprov_*) at http://<bind>/
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import itertools
 import logging
 import os
 import signal
+import sys
 
 from temporalio.client import Client
 
+from gpuprov.arguments import Parser
 from gpuprov.config import ConfigError, Settings, load_settings
-from gpuprov.engine import connect, metrics_runtime, running_worker
-
-# Waits between tries to reach Temporal at start-up: a worker started before its cluster (or
-# during a restart) waits for it instead of exiting, the way `docker compose up` needs.
-CONNECT_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0)
+from gpuprov.db import DatabaseUnavailable
+from gpuprov.engine import (
+    connect,
+    metrics_runtime,
+    open_records_patiently,
+    running_worker,
+    start_backoff,
+)
 
 
 async def connect_patiently(settings: Settings, stop: asyncio.Event) -> Client | None:
@@ -32,7 +36,7 @@ async def connect_patiently(settings: Settings, stop: asyncio.Event) -> Client |
         try:
             return await connect(settings.temporal, runtime, settings.codec)
         except RuntimeError as error:  # unreachable; a refused setting raises ConfigError
-            delay = CONNECT_BACKOFF[min(tries, len(CONNECT_BACKOFF) - 1)]
+            delay = start_backoff(tries)
             logging.warning(
                 "cannot reach Temporal at %s (%s); retrying in %gs",
                 settings.temporal.address,
@@ -52,10 +56,17 @@ async def serve(config_path: str | None) -> None:
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
+    # The database first: its wait is bounded (`[database] wait_seconds`), Temporal's is not.
+    records = await open_records_patiently(
+        settings.database_url, settings.database.wait_seconds, logging.warning, stop
+    )
+    if records is None:
+        return
     client = await connect_patiently(settings, stop)
     if client is None:
+        records.db.dispose()
         return
-    async with running_worker(client, settings) as runtime:
+    async with running_worker(client, settings, records) as runtime:
         logging.info(
             "worker on %s/%s, providers: %s",
             settings.temporal.address,
@@ -70,23 +81,24 @@ async def serve(config_path: str | None) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="gpuprov Temporal worker")
+    parser = Parser(prog="worker.py", description="gpuprov Temporal worker")
     parser.add_argument("--config", help="path to gpuprov.toml (default: $GPUPROV_CONFIG)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     # botocore logs request parameters (EC2 user data carries a node's join token) at DEBUG.
     for chatty in ("botocore", "aiobotocore"):
         logging.getLogger(chatty).setLevel(max(logging.INFO, logging.getLogger().level))
+    code = 0
     try:
         asyncio.run(serve(args.config))
-    except ConfigError as error:  # a setting that cannot work: say which, once, and stop
-        logging.error("%s", error)
-        logging.shutdown()
-        os._exit(2)
+    except (ConfigError, DatabaseUnavailable) as error:
+        print(f"error: {error}", file=sys.stderr)
+        code = 2
     logging.shutdown()
+    sys.stderr.flush()
     # Skip finalization: the Temporal client's Rust threads can crash it
     # (temporalio/sdk-python#300); the worker has already shut down cleanly.
-    os._exit(0)
+    os._exit(code)
 
 
 if __name__ == "__main__":

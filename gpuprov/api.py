@@ -16,27 +16,38 @@ logged and ignored. The registration is one committed transaction: the token use
 row written. A managed node's job reads that row (activities/registrations.py); nothing is sent
 to the workflow, so the API needs no Temporal connection. A node whose machine is already being
 torn down is refused (409) with nothing changed.
+
+While the database is unavailable (unreachable, restarting, locked, its SQLite file gone) every
+request that needs it is answered 503 with a Retry-After header; the next request after it is
+back is served again. A body must arrive within BODY_TIMEOUT_SECONDS and a request head within
+HEAD_TIMEOUT_SECONDS, so a client that stalls cannot hold a connection open.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from typing import Any
 
+import h11
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import Field
+from sqlalchemy import exc as sa_exc
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gpuprov import api_workers, auth, pem
 from gpuprov.auth import AuthFailures
+from gpuprov.config import ConfigError
 from gpuprov.credentials import Credentials, issue_worker_credential
 from gpuprov.models import WorkerCapabilities
 from gpuprov.records import Records, TokenRejected
@@ -47,6 +58,17 @@ log = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024
 # A machine whose teardown has begun (or ended) registers nothing.
 RETIRED_VM_STATUSES = frozenset({"terminating", "terminated", "orphaned"})
+# A registration body is a few KiB: a client that has not sent it all by then has stalled.
+BODY_TIMEOUT_SECONDS = 15.0
+HEAD_TIMEOUT_SECONDS = 15.0  # from connecting (or the previous response) to a complete head
+RETRY_AFTER_SECONDS = 5  # what a 503 asks the node to wait
+# Database errors that mean "not now": unreachable, restarting, locked, the file missing.
+DATABASE_UNAVAILABLE = (
+    sa_exc.OperationalError,
+    sa_exc.InterfaceError,
+    sa_exc.DisconnectionError,
+    sa_exc.TimeoutError,
+)
 TOKEN_ERRORS = {
     "unknown": "unknown join token",
     "used": "join token already used",
@@ -87,11 +109,15 @@ class RegistrationRefused(Exception):
 
 
 class BodyLimit:
-    """ASGI middleware: 413 for a body over `limit` bytes, declared or streamed."""
+    """ASGI middleware: 413 for a body over `limit` bytes, declared or streamed; 408 (and the
+    connection closed) for one not complete `timeout` seconds after the app first asks for it."""
 
-    def __init__(self, app: ASGIApp, limit: int = MAX_BODY_BYTES) -> None:
+    def __init__(
+        self, app: ASGIApp, limit: int = MAX_BODY_BYTES, timeout: float = BODY_TIMEOUT_SECONDS
+    ) -> None:
         self.app = app
         self.limit = limit
+        self.timeout = timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -103,10 +129,23 @@ class BodyLimit:
             await _too_large(send)
             return
         received = 0
+        deadline: float | None = None
+        complete = False
 
         async def limited_receive() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, deadline, complete
+            if complete:  # e.g. a wait for the client to disconnect: not bounded here
+                return await receive()
+            if deadline is None:
+                deadline = asyncio.get_running_loop().time() + self.timeout
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise StarletteHTTPException(
+                    408, "request body not received in time", headers={"Connection": "close"}
+                ) from None
+            complete = message["type"] != "http.request" or not message.get("more_body", False)
             received += len(message.get("body", b""))
             if received > self.limit:
                 # FastAPI wraps body-reading errors in a 400, but re-raises HTTPException.
@@ -122,13 +161,36 @@ async def _too_large(send: Send) -> None:
     await send({"type": "http.response.body", "body": b"request body too large"})
 
 
-def create_app(records: Records, *, auth_failures: AuthFailures | None = None) -> FastAPI:
+async def _database_unavailable(request: Request, error: Exception) -> JSONResponse:
+    cause = getattr(error, "orig", None) or error
+    log.warning(
+        "%s %s: database unavailable: %s",
+        request.method,
+        request.url.path,
+        (str(cause).strip().splitlines() or [type(cause).__name__])[0],
+    )
+    # The caller sees that the database is the cause, not its words (hosts, users).
+    return JSONResponse(
+        status_code=503,
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        content={"detail": "the database is unavailable; retry later", "cause": "database"},
+    )
+
+
+def create_app(
+    records: Records,
+    *,
+    auth_failures: AuthFailures | None = None,
+    body_timeout: float = BODY_TIMEOUT_SECONDS,
+) -> FastAPI:
     # No /docs, /redoc or /openapi.json: nothing but health is served to an unauthenticated
     # caller. `create_app(...).openapi()` still builds the document.
     app = FastAPI(
         title="gpuprov control plane", version="1", docs_url=None, redoc_url=None, openapi_url=None
     )
-    app.add_middleware(BodyLimit)
+    app.add_middleware(BodyLimit, timeout=body_timeout)
+    for unavailable in DATABASE_UNAVAILABLE:
+        app.add_exception_handler(unavailable, _database_unavailable)
     app.state.records = records
     auth.install(app, Credentials(records.db) if records is not None else None, auth_failures)
     api_workers.add_routes(app)
@@ -156,8 +218,10 @@ def create_app(records: Records, *, auth_failures: AuthFailures | None = None) -
         responses={
             400: {"description": "the body is not decodable JSON"},
             401: {"description": "unknown, used or expired join token"},
+            408: {"description": "the body did not arrive in time"},
             409: {"description": "the node's machine is being torn down"},
             413: {"description": "body over 64 KiB"},
+            503: {"description": "the database is unavailable now; retry after Retry-After"},
             429: auth.REFUSALS[429],
         },
         dependencies=[Depends(auth.not_throttled)],
@@ -228,6 +292,66 @@ def _log_disagreeing_claims(claims: IdentityClaims | None, record: dict[str, Any
             )
 
 
+class CannotListen(ConfigError):
+    """The configured host and port cannot be listened on (in use, not an address here, ...)."""
+
+
+class HeadTimeoutProtocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a deadline for each request head.
+
+    uvicorn waits without limit for a new connection's first request line and headers, and for
+    the rest of a head once a byte of it has come: a client that connects and stalls would hold
+    the connection forever. The deadline starts at the connection (or the first byte of a later
+    request) and is not extended by a trickle.
+    """
+
+    def __init__(
+        self, *args: Any, head_timeout: float = HEAD_TIMEOUT_SECONDS, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.head_timeout = head_timeout
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._follow_head()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._follow_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_head_timer()
+        super().connection_lost(exc)
+
+    def _follow_head(self) -> None:
+        if self.conn.their_state is not h11.IDLE:  # a complete head arrived
+            self._stop_head_timer()
+        elif self._head_timer is None:
+            self._head_timer = self.loop.call_later(self.head_timeout, self._head_timed_out)
+
+    def _stop_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            self.transport.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound here: uvicorn would log a bind error and exit the whole
+    process from inside the event loop; this names the address in one line instead."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except (OSError, OverflowError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise CannotListen(f"cannot listen on {host}:{port}: {reason}") from None
+
+
 @asynccontextmanager
 async def serving(
     app: FastAPI,
@@ -236,11 +360,13 @@ async def serving(
     *,
     tls_cert_file: str | None = None,
     tls_key_file: str | None = None,
+    head_timeout: float = HEAD_TIMEOUT_SECONDS,
 ) -> AsyncIterator[uvicorn.Server]:
     """Run the API with uvicorn inside the current event loop until the block exits; HTTPS
     with a certificate and key (checked first: a wrong one is a ConfigError naming it)."""
     if tls_cert_file is not None and tls_key_file is not None:
         pem.check_files("api.tls_cert_file", tls_cert_file, "api.tls_key_file", tls_key_file)
+    listener = _listen(host, port)
     config = uvicorn.Config(
         app,
         host=host,
@@ -248,9 +374,10 @@ async def serving(
         log_level="warning",
         ssl_certfile=tls_cert_file,
         ssl_keyfile=tls_key_file,
+        http=functools.partial(HeadTimeoutProtocol, head_timeout=head_timeout),
     )
     server = uvicorn.Server(config)
-    task = asyncio.create_task(server.serve())
+    task = asyncio.create_task(server.serve(sockets=[listener]))
     while not server.started:
         if task.done():
             task.result()  # surfaces a bind error

@@ -15,7 +15,7 @@ import sys
 
 from gpuprov.config import ConfigError, Settings
 from gpuprov.credentials import Credentials
-from gpuprov.db import Database, OperatorKey
+from gpuprov.db import OperatorKey, open_database
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
@@ -48,9 +48,8 @@ def _rows(keys: list[OperatorKey], include_revoked: bool) -> str:
 
 
 async def command(settings: Settings, args: argparse.Namespace) -> int:
-    database = Database(settings.database_url)
+    database = open_database(settings.database_url)
     try:
-        database.upgrade()
         credentials = Credentials(database)
         if args.apikey_command == "create":
             try:

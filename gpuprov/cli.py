@@ -35,19 +35,38 @@ from datetime import timedelta
 from typing import NoReturn
 
 from pydantic import ValidationError
+from temporalio.service import RPCError
 
 from gpuprov import agent, apikeys, owners, schedules
 from gpuprov import demo as demo_module
 from gpuprov import end as end_command
 from gpuprov import setup as cluster_setup
 from gpuprov.api import create_app, serving
+from gpuprov.arguments import (
+    Parser,
+    bounded_float,
+    bounded_int,
+    bounded_text,
+    job_name,
+    job_or_machine_name,
+)
 from gpuprov.client import GpuprovClient, GpuprovError
 from gpuprov.codec import codec_for
 from gpuprov.codec_server import create_codec_app, endpoint_url, ui_origins
-from gpuprov.config import ConfigError, Settings, load_settings
+from gpuprov.config import (
+    MAX_JOIN_TOKEN_TTL_SECONDS,
+    ConfigError,
+    Settings,
+    check_address,
+    load_settings,
+)
+from gpuprov.db import DatabaseUnavailable
 from gpuprov.dev import dev_stack, with_default_cloud
-from gpuprov.engine import open_records
+from gpuprov.engine import open_records, open_records_patiently
 from gpuprov.models import (
+    MAX_GPU_NAME_LENGTH,
+    MAX_HOURLY_COST,
+    MAX_REGION_LENGTH,
     JobSpecError,
     JobState,
     WorkerCapabilities,
@@ -63,12 +82,13 @@ from gpuprov.render import (
     status_text,
     unheld_text,
 )
+from providers import PROVIDER_IDS
 from providers.base import ResourceRequest, Verdict
 from workflows.offers import OffersQuery
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpuprov", description="GPU provisioning on Temporal")
+    parser = Parser(prog="gpuprov", description="GPU provisioning on Temporal")
     parser.add_argument("--config", help="path to gpuprov.toml (default: $GPUPROV_CONFIG)")
     parser.add_argument("--address", help="Temporal frontend host:port")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -88,25 +108,32 @@ def _parser() -> argparse.ArgumentParser:
         ("cancel", "cancel a job (its instances are torn down)"),
     ):
         sub = commands.add_parser(name, help=text)
-        sub.add_argument("name")
+        sub.add_argument("name", type=job_name)
     status = commands.choices["status"]
     status.add_argument("--json", action="store_true")
     listing = commands.add_parser("list", help="list jobs")
     listing.add_argument("--state", choices=[s.value for s in JobState])
-    listing.add_argument("--provider")
+    listing.add_argument("--provider", choices=PROVIDER_IDS)
     health = commands.add_parser(
         "health", help="health of a job's machines or of one machine (gone/unhealthy/...)"
     )
-    health.add_argument("name", help="a job name, or a VM name such as train-7b-a1-n0-ce4389")
+    health.add_argument(
+        "name",
+        type=job_or_machine_name,
+        help="a job name, or a VM name such as train-7b-a1-n0-ce4389",
+    )
     health.add_argument("--json", action="store_true")
     offers = commands.add_parser("offers", help="offers a job would try, cheapest first")
-    offers.add_argument("--gpu")
-    offers.add_argument("--gpus-per-node", type=int, default=1)
-    offers.add_argument("--nodes", type=int, default=1)
+    # The same bounds as a job spec's fields (gpuprov/models.py).
+    offers.add_argument("--gpu", type=bounded_text(MAX_GPU_NAME_LENGTH))
+    offers.add_argument("--gpus-per-node", type=bounded_int(0, 64), default=1)
+    offers.add_argument("--nodes", type=bounded_int(1, 256), default=1)
     offers.add_argument("--spot", action="store_true")
-    offers.add_argument("--max-hourly-cost", type=float)
-    offers.add_argument("--provider", action="append", dest="providers")
-    offers.add_argument("--region", action="append", dest="regions")
+    offers.add_argument("--max-hourly-cost", type=bounded_float(0, MAX_HOURLY_COST, above=True))
+    offers.add_argument("--provider", action="append", dest="providers", choices=PROVIDER_IDS)
+    offers.add_argument(
+        "--region", action="append", dest="regions", type=bounded_text(MAX_REGION_LENGTH)
+    )
     commands.add_parser("api", help="run the control-plane API until Ctrl-C")
     cluster_setup.add_parser(commands)
     schedules.add_parser(commands)
@@ -119,8 +146,17 @@ def _parser() -> argparse.ArgumentParser:
     token = commands.add_parser("token", help="join tokens for machines you own")
     token_commands = token.add_subparsers(dest="token_command", required=True)
     create = token_commands.add_parser("create", help="mint a single-use join token (shown once)")
-    create.add_argument("--label", required=True, help="the reservation label of the worker")
-    create.add_argument("--ttl", type=int, help="seconds until it expires (default from config)")
+    create.add_argument(
+        "--label",
+        required=True,
+        type=bounded_text(128),
+        help="the reservation label of the worker",
+    )
+    create.add_argument(
+        "--ttl",
+        type=bounded_int(1, MAX_JOIN_TOKEN_TTL_SECONDS, "seconds"),
+        help="seconds until it expires (default from config; at most 7 days)",
+    )
     join = commands.add_parser(
         "join",
         help="register this GPU box as an existing worker",
@@ -134,7 +170,9 @@ def _parser() -> argparse.ArgumentParser:
     join.add_argument("--token-file", help="file holding the join token (preferred)")
     join.add_argument("--token", help=f"the join token (prefer ${agent.TOKEN_ENV}/--token-file)")
     join.add_argument("--label-claim", help="the label you expect (the token's label wins)")
-    join.add_argument("--tries", type=int, default=5, help="attempts while the API is down")
+    join.add_argument(
+        "--tries", type=bounded_int(1, 100), default=5, help="attempts while the API is down"
+    )
     join.add_argument("--ca-file", help="pin the CA of the API's certificate (https)")
     join.add_argument(
         "--state-dir",
@@ -250,7 +288,15 @@ async def _dev(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _api(settings: Settings, args: argparse.Namespace) -> int:
-    records = open_records(settings.database_url)
+    stop = _stop_on_signals()
+    records = await open_records_patiently(
+        settings.database_url,
+        settings.database.wait_seconds,
+        lambda line: print(f"waiting for the database: {line}", file=sys.stderr),
+        stop,
+    )
+    if records is None:
+        return 130
     try:
         app = create_app(records)
         api = settings.api
@@ -259,7 +305,7 @@ async def _api(settings: Settings, args: argparse.Namespace) -> int:
             scheme = "https" if api.https else "http"
             print(f"control-plane API at {scheme}://{api.host}:{api.port}")
             print(f"nodes are told to use {settings.api.url}. Ctrl-C stops.")
-            await _until_signalled()
+            await stop.wait()
     finally:
         records.db.dispose()
     print("stopped")
@@ -309,20 +355,22 @@ async def _situations(settings: Settings, jobs: set[str]) -> dict[str, owners.Jo
     return await owners.situations(client.temporal, jobs)
 
 
-async def _until_signalled() -> None:
+def _stop_on_signals() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(signum, stop.set)
-    await stop.wait()
+    return stop
+
+
+async def _until_signalled() -> None:
+    await _stop_on_signals().wait()
 
 
 async def _token(settings: Settings, args: argparse.Namespace) -> int:
+    # Both bounded: --ttl by its parser, the default by [jobs] join_token_ttl_seconds.
     ttl = args.ttl if args.ttl is not None else settings.jobs.join_token_ttl_seconds
-    if ttl <= 0:
-        raise ConfigError(f"--ttl must be a positive number of seconds, got {ttl}")
-    if not args.label.strip():
-        raise ConfigError("--label must not be empty")
     records = open_records(settings.database_url)
     try:
         token = records.mint_token(label=args.label, ttl=timedelta(seconds=ttl))
@@ -389,6 +437,17 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], Awaitable[int]]] = 
 }
 
 
+# Errors a user can act on: each is printed as one line, `error: ...`, with exit code 2.
+USER_ERRORS = (
+    JobSpecError,
+    ConfigError,
+    GpuprovError,
+    DatabaseUnavailable,
+    TimeoutError,
+    agent.AgentError,
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -400,14 +459,27 @@ def main(argv: list[str] | None = None) -> int:
             return demo_ssh.main(hold=args.hold)
         settings = load_settings(args.config)
         if args.address:
+            try:
+                check_address(args.address)
+            except ValueError as error:
+                raise ConfigError(f"--address: {error}") from None
             temporal = settings.temporal.model_copy(update={"address": args.address})
             settings = settings.model_copy(update={"temporal": temporal})
         with contextlib.suppress(KeyboardInterrupt):
             return asyncio.run(COMMANDS[args.command](settings, args))
         return 130
-    except (JobSpecError, ConfigError, GpuprovError, TimeoutError, agent.AgentError) as error:
+    except USER_ERRORS as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except RPCError as error:  # a call the Temporal server refused that no command expected
+        print(f"error: Temporal refused the call: {error.message}", file=sys.stderr)
+        return 2
+
+
+def _quiet_broken_pipe() -> None:
+    """The reader of stdout went away (`gpuprov list | head`): nothing left to say to it."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
 
 
 def entry() -> NoReturn:
@@ -417,8 +489,12 @@ def entry() -> NoReturn:
     finalization ("PyGILState_Release ... must be current", temporalio/sdk-python#300), which
     turned a successful command into exit -11 now and then. Nothing is left to clean up here.
     """
-    code = main()
-    sys.stdout.flush()
+    try:
+        code = main()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _quiet_broken_pipe()
+        code = 0
     sys.stderr.flush()
     os._exit(code)
 

@@ -23,6 +23,7 @@ from datetime import datetime, timedelta
 
 from temporalio.client import (
     Client,
+    WorkflowExecution,
     WorkflowExecutionStatus,
     WorkflowFailureError,
     WorkflowHandle,
@@ -37,6 +38,7 @@ from gpuprov import search_attributes
 from gpuprov.config import CodecSettings, ConfigError, TemporalSettings
 from gpuprov.connection import connect_temporal
 from gpuprov.models import HealthReport, JobSpec, JobState, JobStatus, workflow_id_for
+from providers import PROVIDER_IDS
 from providers.base import Model, ResourceRequest
 from workflows.health import CheckHealth, HealthRequest
 from workflows.offers import OffersQuery, OffersResult, PlanOffers
@@ -187,6 +189,21 @@ def _spec_details(spec: JobSpec) -> str:
     return "\n".join(lines)
 
 
+def _summary(execution: WorkflowExecution) -> JobSummary:
+    attrs = execution.typed_search_attributes
+    recorded = attrs.get(search_attributes.STATE)
+    job_state = _CLOSED_STATES.get(execution.status) or JobState(recorded or "queued")
+    return JobSummary(
+        name=execution.id.removeprefix("job-"),
+        state=job_state,
+        provider=attrs.get(search_attributes.PROVIDER),
+        region=attrs.get(search_attributes.REGION),
+        gpu=attrs.get(search_attributes.GPU),
+        started_at=execution.start_time,
+        closed_at=execution.close_time,
+    )
+
+
 class GpuprovClient:
     def __init__(self, client: Client, task_queue: str = DEFAULT_TASK_QUEUE) -> None:
         self.temporal = client
@@ -218,7 +235,7 @@ class GpuprovClient:
             client = await connect_temporal(temporal, codec=codec)
         except ConfigError as error:
             raise GpuprovError(str(error)) from None
-        except RuntimeError as error:
+        except (RuntimeError, ValueError) as error:  # ValueError: an address it cannot parse
             raise GpuprovError(f"cannot reach Temporal at {temporal.address}: {error}") from None
         return cls(client, temporal.task_queue)
 
@@ -238,6 +255,8 @@ class GpuprovClient:
             )
         except WorkflowAlreadyStartedError:
             raise JobAlreadyExists(f"a job named {spec.name!r} is already running") from None
+        except RPCError as error:  # e.g. a search attribute or payload over the server's limits
+            raise GpuprovError(f"cannot start job {spec.name!r}: {error.message}") from None
         return JobHandle(spec.name, handle)
 
     def job(self, name: str) -> JobHandle:
@@ -248,6 +267,10 @@ class GpuprovClient:
     ) -> list[JobSummary]:
         """Recent jobs, newest first, filtered by the GpuprovState/GpuprovProvider search
         attributes (Temporal's visibility lags a moment behind the jobs themselves)."""
+        if provider is not None and provider not in PROVIDER_IDS:
+            # It goes into a visibility query: a quote in it would change the query.
+            known = ", ".join(PROVIDER_IDS)
+            raise GpuprovError(f"unknown provider {provider!r} (known: {known})")
         clauses = ["WorkflowType = 'ProvisionJob'"]
         if state is not None:
             clauses.append(f"{search_attributes.STATE.name} = '{state.value}'")
@@ -255,23 +278,15 @@ class GpuprovClient:
                 clauses.append("ExecutionStatus = 'Running'")
         if provider is not None:
             clauses.append(f"{search_attributes.PROVIDER.name} = '{provider}'")
-        jobs = []
-        async for execution in self.temporal.list_workflows(" AND ".join(clauses), limit=limit):
-            attrs = execution.typed_search_attributes
-            recorded = attrs.get(search_attributes.STATE)
-            job_state = _CLOSED_STATES.get(execution.status) or JobState(recorded or "queued")
-            jobs.append(
-                JobSummary(
-                    name=execution.id.removeprefix("job-"),
-                    state=job_state,
-                    provider=attrs.get(search_attributes.PROVIDER),
-                    region=attrs.get(search_attributes.REGION),
-                    gpu=attrs.get(search_attributes.GPU),
-                    started_at=execution.start_time,
-                    closed_at=execution.close_time,
+        try:
+            return [
+                _summary(execution)
+                async for execution in self.temporal.list_workflows(
+                    " AND ".join(clauses), limit=limit
                 )
-            )
-        return jobs
+            ]
+        except RPCError as error:
+            raise GpuprovError(f"cannot list jobs: {error.message}") from None
 
     async def end_job(self, name: str, reason: str, timeout: float = 900) -> EndReport:
         """End a job that cannot end itself and delete its machines: terminate `job-<name>`

@@ -29,8 +29,10 @@ from pydantic import (
     create_model,
     model_validator,
 )
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
-from gpuprov.models import format_validation_error
+from gpuprov.models import format_validation_error, read_bounded_text
 from providers import config_models
 from providers.base import Model
 
@@ -47,6 +49,14 @@ from providers.settings import ProviderSettings
 
 ENV_PREFIX = "GPUPROV_"
 CONFIG_ENV = "GPUPROV_CONFIG"
+MAX_CONFIG_FILE_BYTES = 1024 * 1024  # a config is a few KiB; `--config /dev/zero` must end
+
+# Durations end up in timedeltas, database timestamps and Temporal timers: bounded well inside
+# all three, and inside what an operator means (a join token is a secret: a week at most).
+MAX_TTL_SECONDS = 30 * 24 * 3600
+MAX_JOIN_TOKEN_TTL_SECONDS = 7 * 24 * 3600
+MAX_DATABASE_WAIT_SECONDS = 3600.0
+Port = Annotated[int, Field(ge=1, le=65535)]
 
 
 class ConfigError(ValueError):
@@ -87,21 +97,31 @@ class TemporalTlsSettings(Model):
         return any(value is not None for name, value in self if name != "enabled")
 
 
+_HOST = re.compile(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+")
+
+
+def check_address(address: str) -> str:
+    host, colon, port = address.rpartition(":")
+    if not colon or not _HOST.fullmatch(host) or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"expected host:port with a port 1-65535, got {address!r}")
+    return address
+
+
 class TemporalSettings(Model):
-    address: str = "localhost:7233"
-    namespace: str = "default"
-    task_queue: str = "gpuprov"
+    address: Annotated[str, Field(max_length=255), AfterValidator(check_address)] = "localhost:7233"
+    namespace: str = Field(default="default", min_length=1, max_length=255)
+    task_queue: str = Field(default="gpuprov", min_length=1, max_length=255)
     tls: TemporalTlsSettings = Field(default_factory=TemporalTlsSettings)
     # Temporal Cloud's API-key authentication (sent as a bearer token; TLS turns on with it):
     # inline (GPUPROV_TEMPORAL__API_KEY) or a file holding only the key.
     api_key: SecretStr | None = None
     api_key_file: str | None = None
-    ui_port: int = 8233  # the dev server's Web UI (gpuprov dev / demo)
-    data_dir: str = ".data"  # the dev server's SQLite file lives here
+    ui_port: Port = 8233  # the dev server's Web UI (gpuprov dev / demo)
+    data_dir: str = Field(default=".data", min_length=1)  # the dev server's SQLite file lives here
     # Worker slots. A waiting job holds an activity slot for its whole boot (wait_running), so
     # max_concurrent_activities bounds the jobs one worker can have booting at once.
-    max_concurrent_activities: int = Field(default=500, ge=1)
-    max_cached_workflows: int = Field(default=1000, ge=0)
+    max_concurrent_activities: int = Field(default=500, ge=1, le=100_000)
+    max_cached_workflows: int = Field(default=1000, ge=0, le=1_000_000)
     # Run workflow code inside temporalio's sandbox (a runtime guard against non-determinism).
     # Off by default: the sandbox costs about a quarter of the worker's CPU per job, and the
     # worker is GIL-bound (docs/performance.md). The guard stays where it catches mistakes:
@@ -116,15 +136,45 @@ class TemporalSettings(Model):
         return self
 
 
+# What gpuprov can open: SQLite, and PostgreSQL through psycopg 3 (db.py reads plain
+# postgresql:// and postgres:// as postgresql+psycopg://).
+DATABASE_DRIVERS = ("sqlite", "sqlite+pysqlite", "postgres", "postgresql", "postgresql+psycopg")
+
+
+def _check_database_url(url: str | None) -> str | None:
+    # The messages never quote the URL: it may carry the password.
+    if url is None:
+        return None
+    try:
+        parsed = make_url(url)
+        port = parsed.port
+    except (ArgumentError, ValueError):
+        raise ValueError(
+            "not a database URL: expected sqlite:///path/to/file.db or "
+            "postgresql://user:password@host:5432/database"
+        ) from None
+    if parsed.drivername not in DATABASE_DRIVERS:
+        raise ValueError(
+            f"unsupported database {parsed.drivername!r}: gpuprov opens sqlite:///... and "
+            "postgresql://... (psycopg 3)"
+        )
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(f"port {port} is not 1-65535")
+    return url
+
+
 class DatabaseSettings(Model):
     # SQLite by default (a file in the data dir); PostgreSQL in production, e.g.
     # postgresql+psycopg://gpuprov:...@db:5432/gpuprov
-    url: str | None = None
+    url: Annotated[str | None, AfterValidator(_check_database_url)] = None
+    # How long the worker and `gpuprov api` wait at start for the database to answer (retrying
+    # with backoff, a line per try) before they give up.
+    wait_seconds: float = Field(default=120.0, ge=0, le=MAX_DATABASE_WAIT_SECONDS)
 
 
 class ApiSettings(Model):
-    host: str = "127.0.0.1"
-    port: int = 8080
+    host: str = Field(default="127.0.0.1", min_length=1, max_length=255)
+    port: Port = 8080
     # The URL booted nodes use to reach the API; defaults to http(s)://host:port.
     public_url: str | None = None
     # HTTPS: the API's certificate (chain) and private key, PEM files. Without them it serves
@@ -151,8 +201,9 @@ class ApiSettings(Model):
 class JobsSettings(Model):
     """How long shared state lives."""
 
-    block_ttl_seconds: int = Field(default=900, ge=1)  # a stockout steers other jobs this long
-    join_token_ttl_seconds: int = Field(default=3600, ge=1)
+    # A stockout steers other jobs this long.
+    block_ttl_seconds: int = Field(default=900, ge=1, le=MAX_TTL_SECONDS)
+    join_token_ttl_seconds: int = Field(default=3600, ge=1, le=MAX_JOIN_TOKEN_TTL_SECONDS)
     k3s: K3sSettings = Field(default_factory=lambda: K3sSettings())
 
 
@@ -163,16 +214,18 @@ class K3sSettings(Model):
     installer_url: str = "https://get.k3s.io"
     data_dir: str = "/var/lib/rancher/k3s"
     kubeconfig: str = "/etc/rancher/k3s/k3s.yaml"
-    api_port: int = Field(default=6443, ge=1, le=65535)
-    install_timeout_seconds: float = Field(default=600.0, gt=0)
+    api_port: Port = 6443
+    install_timeout_seconds: float = Field(default=600.0, gt=0, le=24 * 3600)
 
 
 class ReconcileSettings(Model):
     """The orphan reconciler's Schedule (gpuprov/schedules.py, applied by `gpuprov setup`,
     `gpuprov schedules apply` and `gpuprov dev`)."""
 
-    every_seconds: int = Field(default=300, ge=1)  # one pass this often (overlaps are skipped)
-    grace_seconds: float = Field(default=600.0, ge=0)  # younger unowned machines are left alone
+    # One pass this often (overlaps are skipped).
+    every_seconds: int = Field(default=300, ge=1, le=24 * 3600)
+    # Younger unowned machines are left alone.
+    grace_seconds: float = Field(default=600.0, ge=0, le=MAX_TTL_SECONDS)
 
 
 class MetricsSettings(Model):
@@ -214,7 +267,7 @@ class CodecSettings(Model):
     active_key: str | None = None
     # `gpuprov codec-server` (and `gpuprov dev` when keys are set).
     host: str = "127.0.0.1"
-    port: int = Field(default=8081, ge=1, le=65535)
+    port: Port = 8081
     # Browser origins allowed to call the codec server (CORS): the Temporal UI's address.
     # Empty: the local UI, http://localhost:<temporal.ui_port> and http://127.0.0.1:<...>.
     ui_origins: list[str] = Field(default_factory=list)
@@ -334,9 +387,9 @@ def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
     data: dict[str, Any] = {}
     if path:
         try:
-            data = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+            data = tomllib.loads(read_bounded_text(Path(path), MAX_CONFIG_FILE_BYTES))
         except OSError as error:
-            raise ConfigError(f"cannot read config {path}: {error.strerror}") from None
+            raise ConfigError(f"cannot read config {path}: {error.strerror or error}") from None
         except UnicodeDecodeError as error:
             raise ConfigError(f"config {path} is not UTF-8 text: {error.reason}") from None
         except tomllib.TOMLDecodeError as error:

@@ -12,6 +12,7 @@ credential tables (operator_keys, worker_credentials), which are gpuprov.credent
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 import time
@@ -305,6 +306,27 @@ TABLES = tuple(metadata.sorted_tables)
 _ALEMBIC_LOCK = threading.Lock()
 
 
+class DatabaseUnavailable(Exception):
+    """The database cannot be opened, reached or migrated now; the message names it (never its
+    password) and the database's own words."""
+
+
+def unavailable(url: str | URL, error: BaseException) -> DatabaseUnavailable:
+    """A one-line DatabaseUnavailable for `error` (a DBAPIError, an OSError, ...)."""
+    shown = make_url(url).render_as_string(hide_password=True)
+    cause = error.orig if isinstance(error, sa.exc.DBAPIError) else error
+    if isinstance(cause, OSError) and cause.strerror:
+        reason = cause.strerror
+    else:
+        reason = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+    return DatabaseUnavailable(f"cannot open the database {shown}: {reason}")
+
+
+# How long opening a PostgreSQL connection may take: psycopg waits forever by default, and a
+# request (or a worker's start) would hang with it on a host that drops packets.
+POSTGRES_CONNECT_TIMEOUT_SECONDS = 10
+
+
 def _normalize_url(url: str) -> URL:
     parsed = make_url(url)
     # Only psycopg 3 is installed: plain postgresql:// would ask SQLAlchemy for psycopg2.
@@ -315,12 +337,16 @@ def _normalize_url(url: str) -> URL:
 
 def _sqlite_engine(url: URL) -> Engine:
     options: dict[str, Any] = {"connect_args": {"check_same_thread": False}}
+    file: Path | None = None
     if not url.database or url.database == ":memory:":
         # One in-memory database only exists per connection: share that one connection.
         options["poolclass"] = sa.StaticPool
     elif not url.database.startswith("file:"):
-        Path(url.database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        file = Path(url.database).expanduser()
+        file.parent.mkdir(parents=True, exist_ok=True)
     engine = sa.create_engine(url, **options)
+    if file is not None:
+        _follow_the_file(engine, file)
 
     @sa.event.listens_for(engine, "connect")
     def _pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -338,6 +364,42 @@ def _sqlite_engine(url: URL) -> Engine:
         cursor.close()
 
     return engine
+
+
+def _file_identity(file: Path) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(file)
+    except FileNotFoundError:
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def _follow_the_file(engine: Engine, file: Path) -> None:
+    """Never write into a SQLite file that is no longer at its path.
+
+    A connection keeps the file it opened even after that file is deleted or moved: its writes
+    would land in a file nobody reads, and a new connection would create an empty database in its
+    place. So the file is created once, here; a later connection opens it only while it exists,
+    and a pooled connection is dropped when the path no longer holds the file it opened. While the
+    file is missing every query raises OperationalError (the API answers 503, activities retry);
+    once it is back, the next query opens it again.
+    """
+    file.touch(exist_ok=True)  # an empty file is an empty SQLite database
+
+    @sa.event.listens_for(engine, "do_connect")
+    def _only_if_present(_dialect: Any, _record: Any, _cargs: Any, _cparams: Any) -> None:
+        if _file_identity(file) is None:
+            raise sqlite3.OperationalError(f"database file {file} is missing")
+
+    @sa.event.listens_for(engine, "connect")
+    def _remember(_dbapi_connection: Any, record: Any) -> None:
+        record.info["file"] = _file_identity(file)
+
+    @sa.event.listens_for(engine, "checkout")
+    def _still_there(_dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if record.info.get("file") != _file_identity(file):
+            # Drops every pooled connection; the pool then opens a fresh one (or fails).
+            raise sa.exc.InvalidatePoolError(f"database file {file} was moved or replaced")
 
 
 def _switch_to_wal(cursor: Any, patience: float = 30.0) -> None:
@@ -366,7 +428,10 @@ class Database:
         if self.url.get_backend_name() == "sqlite":
             self.engine = _sqlite_engine(self.url)
         else:
-            self.engine = sa.create_engine(self.url, pool_pre_ping=True)
+            timeout = {"connect_timeout": POSTGRES_CONNECT_TIMEOUT_SECONDS}
+            if "connect_timeout" in self.url.query:  # the URL's own choice wins
+                timeout = {}
+            self.engine = sa.create_engine(self.url, pool_pre_ping=True, connect_args=timeout)
 
     @property
     def dialect(self) -> str:
@@ -397,6 +462,21 @@ class Database:
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+def open_database(url: str) -> Database:
+    """The database at `url`, its schema brought to the latest migration.
+
+    DatabaseUnavailable, one line without the password, when it cannot be opened or migrated."""
+    database: Database | None = None
+    try:
+        database = Database(url)
+        database.upgrade()
+    except (sa.exc.DBAPIError, OSError) as error:
+        if database is not None:
+            database.dispose()
+        raise unavailable(url, error) from None
+    return database
 
 
 def alembic_config(connection: sa.Connection | None = None) -> Config:

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import sys
 
+from gpuprov.arguments import bounded_text, job_name
 from gpuprov.client import GpuprovClient, GpuprovError
 from gpuprov.config import Settings
 from gpuprov.db import VmRecord
@@ -35,8 +36,13 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Exit 0 when nothing of the job is left live, 1 otherwise."
         ),
     )
-    end.add_argument("name", help="the job name (workflow job-<name>)")
-    end.add_argument("--reason", default=DEFAULT_REASON, help="recorded with the termination")
+    end.add_argument("name", type=job_name, help="the job name (workflow job-<name>)")
+    end.add_argument(
+        "--reason",
+        type=bounded_text(1000),
+        default=DEFAULT_REASON,
+        help="recorded with the termination",
+    )
     end.add_argument("--yes", action="store_true", help="do not ask for confirmation")
 
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -35,7 +38,7 @@ from gpuprov.config import (
     TemporalSettings,
 )
 from gpuprov.connection import connect_temporal
-from gpuprov.db import Database
+from gpuprov.db import DatabaseUnavailable, open_database
 from gpuprov.records import Records
 from gpuprov.work import WorkRecords
 from providers import build_all
@@ -46,6 +49,15 @@ from workflows.offers import PlanOffers
 from workflows.reconcile import Reconcile
 
 WORKFLOWS = [ProvisionJob, PlanOffers, Reconcile, CheckHealth]
+
+# Waits between tries to reach a dependency (Temporal, the database) at start-up: a process
+# started before it (or during its restart) waits for it instead of exiting, the way
+# `docker compose up` needs.
+START_BACKOFF = (1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+def start_backoff(tries: int) -> float:
+    return START_BACKOFF[min(tries, len(START_BACKOFF) - 1)]
 
 
 async def connect(
@@ -146,10 +158,32 @@ def build_worker(
 
 
 def open_records(url: str) -> Records:
-    """Connect to the database and bring its schema to the latest migration."""
-    database = Database(url)
-    database.upgrade()
-    return Records(database)
+    """Connect to the database and bring its schema to the latest migration.
+
+    DatabaseUnavailable, one line without the password, when it cannot be opened or migrated."""
+    return Records(open_database(url))
+
+
+async def open_records_patiently(
+    url: str, wait_seconds: float, report: Callable[[str], None], stop: asyncio.Event
+) -> Records | None:
+    """`open_records`, retried with backoff for up to `wait_seconds`, calling `report` with one
+    line per failed try; DatabaseUnavailable once the time is up, None when `stop` is set."""
+    deadline = asyncio.get_running_loop().time() + wait_seconds
+    for tries in itertools.count():
+        try:
+            return await asyncio.to_thread(open_records, url)
+        except DatabaseUnavailable as error:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                raise DatabaseUnavailable(f"{error} (gave up after {wait_seconds:g}s)") from None
+            delay = min(start_backoff(tries), left)
+            report(f"{error}; retrying in {delay:.3g}s")
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), delay)
+        if stop.is_set():
+            return None
+    return None
 
 
 @dataclass
@@ -161,9 +195,13 @@ class Runtime:
 
 
 @asynccontextmanager
-async def running_worker(client: Client, settings: Settings) -> AsyncIterator[Runtime]:
-    """Build the providers and the records from `settings`, run a worker until the block exits."""
-    records = open_records(settings.database_url)
+async def running_worker(
+    client: Client, settings: Settings, records: Records | None = None
+) -> AsyncIterator[Runtime]:
+    """Build the providers (and the records, unless given) from `settings`, run a worker until
+    the block exits; the records are closed with it."""
+    if records is None:
+        records = open_records(settings.database_url)
     built = build_all(settings.providers)
     providers = built.providers
     worker = build_worker(

@@ -13,7 +13,7 @@ import tomllib
 from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -37,22 +37,40 @@ JOB_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 MAX_RESTARTS = 100
 MAX_RUNTIME_SECONDS = 366 * 24 * 3600  # a year: within every Temporal timer
 
+# Upper bounds of the spec's numbers and strings (README, "Job spec"). The durations become
+# Temporal timers, which take a protobuf Duration: an unbounded number (1e19) failed every
+# workflow task of the job. The GPU name becomes the GpuprovGpu Keyword search attribute, which
+# the server refuses past its size limit. The rest bounds what a sane fleet asks of one node.
+MAX_PROVISIONING_TIMEOUT_SECONDS = 30 * 24 * 3600  # 30 days
+MAX_HEALTH_CHECK_INTERVAL_SECONDS = 7 * 24 * 3600  # 7 days
+MAX_GPU_NAME_LENGTH = 128
+MAX_VCPUS = 4096
+MAX_MEMORY_GB = 65_536.0  # 64 TiB
+MAX_DISK_GB = 1_000_000.0  # 1 PB
+MAX_HOURLY_COST = 1_000_000.0  # USD per hour, whole job
+MAX_REGIONS = 64
+MAX_REGION_LENGTH = 64
+MAX_PROVIDERS = 16
+
 
 class Resources(Model):
     """What each node needs."""
 
-    gpu: str | None = Field(default=None, min_length=1)
+    gpu: str | None = Field(default=None, min_length=1, max_length=MAX_GPU_NAME_LENGTH)
     gpus_per_node: int = Field(default=1, ge=0, le=64)
-    min_vcpus: int | None = Field(default=None, ge=0)
-    min_memory_gb: float | None = Field(default=None, ge=0)
-    min_disk_gb: float | None = Field(default=None, ge=0)
+    min_vcpus: int | None = Field(default=None, ge=0, le=MAX_VCPUS)
+    min_memory_gb: float | None = Field(default=None, ge=0, le=MAX_MEMORY_GB)
+    min_disk_gb: float | None = Field(default=None, ge=0, le=MAX_DISK_GB)
     spot: bool = False
+
+
+RegionName = Annotated[str, Field(min_length=1, max_length=MAX_REGION_LENGTH)]
 
 
 class Placement(Model):
     provisioning: bool = True  # False: existing workers only
-    providers: list[str] | None = None  # allow-list
-    regions: list[str] | None = None  # allow-list
+    providers: list[str] | None = Field(default=None, max_length=MAX_PROVIDERS)  # allow-list
+    regions: list[RegionName] | None = Field(default=None, max_length=MAX_REGIONS)  # allow-list
 
     @field_validator("providers")
     @classmethod
@@ -92,12 +110,16 @@ class JobSpec(Model):
     nodes: int = Field(default=1, ge=1, le=256)
     resources: Resources = Field(default_factory=Resources)
     placement: Placement = Field(default_factory=Placement)
-    max_hourly_cost: float | None = Field(default=None, gt=0)  # USD/hour, whole job
-    provisioning_timeout_seconds: int = Field(default=1800, ge=1)
+    max_hourly_cost: float | None = Field(default=None, gt=0, le=MAX_HOURLY_COST)  # USD/hour
+    provisioning_timeout_seconds: int = Field(
+        default=1800, ge=1, le=MAX_PROVISIONING_TIMEOUT_SECONDS
+    )
     release: ReleasePolicy = ReleasePolicy.TERMINATE_ON_COMPLETION
     # While ready, each machine's health (diagnosis + SSH probe) is checked this often and shown
     # in the status and the Temporal UI's current details; None turns it off.
-    health_check_interval_seconds: int | None = Field(default=600, ge=1)
+    health_check_interval_seconds: int | None = Field(
+        default=600, ge=1, le=MAX_HEALTH_CHECK_INTERVAL_SECONDS
+    )
     # "k3s": node 0 runs the k3s server, the others join it as agents (machines reached over
     # SSH); the status says where the kubeconfig is.
     profile: Literal["k3s"] | None = None
@@ -180,13 +202,26 @@ def parse_job_spec(data: Any) -> JobSpec:
         raise JobSpecError(f"invalid job spec: {format_validation_error(error)}") from None
 
 
+# A spec is a few hundred bytes; the bound keeps `submit /dev/zero` from reading forever.
+MAX_SPEC_FILE_BYTES = 1024 * 1024
+
+
+def read_bounded_text(path: Path, limit: int) -> str:
+    """The file's UTF-8 text; OSError when it is larger than `limit` bytes (or endless)."""
+    with path.open("rb") as file:
+        raw = file.read(limit + 1)
+    if len(raw) > limit:
+        raise OSError(f"larger than {limit // 1024} KiB")
+    return raw.decode("utf-8")
+
+
 def load_job_spec(path: str | Path) -> JobSpec:
     """Read a job spec from a .toml, .yaml/.yml or .json file."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bounded_text(path, MAX_SPEC_FILE_BYTES)
     except OSError as error:
-        raise JobSpecError(f"cannot read job spec {path}: {error.strerror}") from None
+        raise JobSpecError(f"cannot read job spec {path}: {error.strerror or error}") from None
     except UnicodeDecodeError as error:
         raise JobSpecError(f"job spec {path} is not UTF-8 text: {error.reason}") from None
     try:

@@ -34,6 +34,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from gpuprov import search_attributes
+from gpuprov.arguments import bounded_float, bounded_int
 from gpuprov.client import GpuprovError
 from gpuprov.config import Settings
 from gpuprov.db import Database
@@ -43,6 +44,8 @@ from gpuprov.schedules import SCHEDULE_ID, Outcome, apply_reconcile_schedule
 KEYWORD = IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
 DEFAULT_RETENTION = timedelta(days=30)  # closed jobs stay inspectable in the UI this long
 DEFAULT_WAIT_SECONDS = 120.0  # compose starts setup as soon as Temporal's port opens
+MAX_WAIT_SECONDS = 3600.0
+MAX_RETENTION_DAYS = 3650  # a protobuf Duration holds far more; ten years is already a lot
 _POLL_SECONDS = 1.0
 
 
@@ -119,13 +122,16 @@ async def _ensure_schedule(client: Client, settings: Settings) -> Outcome:
 
 
 def _migrate(url: str) -> tuple[str | None, str | None]:
-    database = Database(url)
+    shown = make_url(url).render_as_string(hide_password=True)
+    try:
+        database = Database(url)
+    except OSError as error:  # the SQLite file's directory cannot be made
+        raise SetupError(f"cannot migrate database {shown}: {error.strerror}") from None
     try:
         before = database.current_revision()
         database.upgrade()
         return before, database.current_revision()
     except OperationalError as error:
-        shown = make_url(url).render_as_string(hide_password=True)
         raise SetupError(f"cannot migrate database {shown}: {error.orig}") from None
     finally:
         database.dispose()
@@ -242,13 +248,13 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--wait",
-        type=float,
+        type=bounded_float(0, MAX_WAIT_SECONDS),
         default=DEFAULT_WAIT_SECONDS,
         help=f"seconds to wait for Temporal to serve (default {DEFAULT_WAIT_SECONDS:g})",
     )
     parser.add_argument(
         "--retention-days",
-        type=int,
+        type=bounded_int(1, MAX_RETENTION_DAYS, "days"),
         default=DEFAULT_RETENTION.days,
         help="history retention if the namespace has to be created "
         f"(default {DEFAULT_RETENTION.days})",
@@ -256,8 +262,6 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
 
 
 async def command(settings: Settings, args: argparse.Namespace) -> int:
-    if args.retention_days < 1:
-        raise SetupError(f"--retention-days must be at least 1, got {args.retention_days}")
     report = await setup_cluster(
         settings, wait_seconds=args.wait, retention=timedelta(days=args.retention_days)
     )

@@ -92,13 +92,21 @@ def subcommands() -> set[str]:
     return {name for action in actions for name in action.choices}
 
 
+def published(service: dict[str, Any]) -> list[tuple[str | None, int, int]]:
+    """(host interface or None for all, host port, container port) per `ports` entry, in the
+    short syntax ("8080", "8080:80", "127.0.0.1:8080:80")."""
+    entries = []
+    for entry in service.get("ports", []):
+        parts = str(entry).split("/")[0].split(":")
+        interface = (":".join(parts[:-2]) or None) if len(parts) > 2 else None
+        host_port = parts[-2] if len(parts) > 1 else parts[-1]
+        entries.append((interface, int(host_port), int(parts[-1])))
+    return entries
+
+
 def port_mappings(service: dict[str, Any]) -> dict[int, int]:
     """container port -> published host port."""
-    mappings = {}
-    for entry in service.get("ports", []):
-        host, _, container = str(entry).rpartition(":")
-        mappings[int(container.split("/")[0])] = int(host or container)
-    return mappings
+    return {container: host for _, host, container in published(service)}
 
 
 def host_and_port(address: str) -> tuple[str, int]:
@@ -226,6 +234,27 @@ def test_the_worker_reads_its_config_from_a_mounted_secret() -> None:
     assert config_file in (REPO / ".dockerignore").read_text().split()
     for sources in copy_sources():
         assert config_file not in sources and "." not in sources
+
+
+# Published on every interface on purpose: GPU nodes must reach the API, which authenticates
+# every call. Everything else is published on loopback or not at all.
+PUBLIC_SERVICES = {"api"}
+
+
+@pytest.mark.parametrize("name", sorted(SERVICES))
+def test_what_has_no_authentication_is_published_on_loopback_only(name: str) -> None:
+    for interface, host_port, _ in published(SERVICES[name]):
+        if name in PUBLIC_SERVICES:
+            continue
+        assert interface == "127.0.0.1", (
+            f"{name} publishes {host_port} on every interface; it has no authentication"
+        )
+
+
+def test_temporal_and_its_ui_stay_reachable_from_this_host() -> None:
+    assert published(SERVICES["temporal"]) == [("127.0.0.1", 7233, 7233)]
+    assert published(SERVICES["temporal-ui"]) == [("127.0.0.1", 8233, 8080)]
+    assert SERVICES["postgres"].get("ports") is None  # the compose network only
 
 
 def test_temporal_ui_points_at_the_temporal_frontend() -> None:

@@ -29,9 +29,26 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from gpuprov.config import ConfigError, Settings, load_settings
+from gpuprov.config import (
+    MAX_JOIN_TOKEN_TTL_SECONDS,
+    MAX_TTL_SECONDS,
+    ConfigError,
+    Settings,
+    load_settings,
+)
 from gpuprov.models import (
     JOB_NAME_PATTERN,
+    MAX_DISK_GB,
+    MAX_GPU_NAME_LENGTH,
+    MAX_HEALTH_CHECK_INTERVAL_SECONDS,
+    MAX_HOURLY_COST,
+    MAX_MEMORY_GB,
+    MAX_PROVIDERS,
+    MAX_PROVISIONING_TIMEOUT_SECONDS,
+    MAX_REGION_LENGTH,
+    MAX_REGIONS,
+    MAX_SPEC_FILE_BYTES,
+    MAX_VCPUS,
     JobSpec,
     JobSpecError,
     Placement,
@@ -133,9 +150,9 @@ valid_resources = st.fixed_dictionaries(
     optional={
         "gpu": st.none() | st.text(min_size=1, max_size=20),
         "gpus_per_node": st.integers(0, 64),
-        "min_vcpus": st.none() | st.integers(0, 10**6),
-        "min_memory_gb": st.none() | st.floats(0, 1e6),
-        "min_disk_gb": st.none() | st.floats(0, 1e6),
+        "min_vcpus": st.none() | st.integers(0, MAX_VCPUS),
+        "min_memory_gb": st.none() | st.floats(0, MAX_MEMORY_GB),
+        "min_disk_gb": st.none() | st.floats(0, MAX_DISK_GB),
         "spot": st.booleans(),
     },
 )
@@ -144,7 +161,7 @@ valid_placement = st.fixed_dictionaries(
     optional={
         "provisioning": st.booleans(),
         "providers": st.none() | st.lists(st.sampled_from(PROVIDER_IDS), max_size=3),
-        "regions": st.none() | st.lists(st.text(max_size=12), max_size=3),
+        "regions": st.none() | st.lists(st.text(min_size=1, max_size=12), max_size=3),
     },
 )
 valid_specs = st.fixed_dictionaries(
@@ -153,8 +170,8 @@ valid_specs = st.fixed_dictionaries(
         "nodes": st.integers(1, 256),
         "resources": valid_resources,
         "placement": valid_placement,
-        "max_hourly_cost": st.none() | st.floats(0, 1e6, exclude_min=True),
-        "provisioning_timeout_seconds": st.integers(1, 10**9),
+        "max_hourly_cost": st.none() | st.floats(0, MAX_HOURLY_COST, exclude_min=True),
+        "provisioning_timeout_seconds": st.integers(1, MAX_PROVISIONING_TIMEOUT_SECONDS),
         "release": st.sampled_from([policy.value for policy in ReleasePolicy]),
     },
 )
@@ -412,6 +429,66 @@ def test_an_infinite_number_is_rejected_or_survives_the_trip(field: dict[str, An
     assert received == spec
 
 
+# Each bounded field: (path, the largest accepted value, the smallest refused one).
+BOUNDS = [
+    (("provisioning_timeout_seconds",), MAX_PROVISIONING_TIMEOUT_SECONDS, 10**19),
+    (("health_check_interval_seconds",), MAX_HEALTH_CHECK_INTERVAL_SECONDS, 10**19),
+    (("nodes",), 256, 257),
+    (("max_hourly_cost",), MAX_HOURLY_COST, 1e19),
+    (("resources", "gpus_per_node"), 64, 65),
+    (("resources", "min_vcpus"), MAX_VCPUS, MAX_VCPUS + 1),
+    (("resources", "min_memory_gb"), MAX_MEMORY_GB, 1e300),
+    (("resources", "min_disk_gb"), MAX_DISK_GB, 1e300),
+    (("resources", "gpu"), "g" * MAX_GPU_NAME_LENGTH, "g" * 3000),
+    (("placement", "regions"), ["r" * MAX_REGION_LENGTH] * MAX_REGIONS, ["r"] * 1000),
+    (("placement", "regions", 0), "r" * MAX_REGION_LENGTH, "r" * 3000),
+    (("placement", "providers"), ["fake"] * MAX_PROVIDERS, ["fake"] * 1000),
+]
+
+
+def _spec_with(path: tuple[Any, ...], value: Any) -> dict[str, Any]:
+    if path[-1] == 0:  # one element of a list
+        path, value = path[:-1], [value]
+    data: dict[str, Any] = {"name": "job1"}
+    target = data
+    for part in path[:-1]:
+        target = target.setdefault(part, {})
+    target[path[-1]] = value
+    return data
+
+
+@pytest.mark.parametrize(
+    ("path", "largest", "refused"), BOUNDS, ids=[".".join(map(str, b[0])) for b in BOUNDS]
+)
+def test_every_bounded_field_takes_its_bound_and_refuses_past_it_by_name(
+    path: tuple[Any, ...], largest: Any, refused: Any
+) -> None:
+    spec = parse_job_spec(_spec_with(path, largest))
+    converter = pydantic_data_converter.payload_converter
+    [received] = converter.from_payloads(converter.to_payloads([spec]), [JobSpec])
+    assert received == spec
+    field = ".".join(map(str, path))
+    with pytest.raises(JobSpecError, match=rf"^invalid job spec: {field}: "):
+        parse_job_spec(_spec_with(path, refused))
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf])
+@pytest.mark.parametrize(
+    "path",
+    [("provisioning_timeout_seconds",), ("max_hourly_cost",), ("resources", "min_memory_gb")],
+)
+def test_nan_and_infinity_are_refused_by_name(path: tuple[str, ...], value: float) -> None:
+    with pytest.raises(JobSpecError, match=rf"^invalid job spec: {'.'.join(path)}: "):
+        parse_job_spec(_spec_with(path, value))
+
+
+def test_a_spec_file_past_the_size_limit_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "big.yaml"
+    path.write_text("name: job1\n" + "#" * MAX_SPEC_FILE_BYTES + "\n")
+    with pytest.raises(JobSpecError, match=r"^cannot read job spec .*: larger than 1024 KiB$"):
+        load_job_spec(path)
+
+
 # ---------------------------------------------------------------------------- load_job_spec
 
 
@@ -570,26 +647,34 @@ def test_an_integer_over_pythons_digit_limit_is_a_job_spec_error(
 
 # ---------------------------------------------------------------------------- load_settings
 
+PORTS = st.integers(1, 65535)
+HOSTS = st.from_regex(r"[A-Za-z0-9._-]{1,20}", fullmatch=True)
 valid_settings = st.fixed_dictionaries(
     {},
     optional={
         "temporal": st.fixed_dictionaries(
             {},
             optional={
-                "address": st.text(max_size=20),
-                "namespace": st.text(max_size=20),
-                "ui_port": st.integers(0, 65535),
+                "address": st.builds("{}:{}".format, HOSTS, PORTS),
+                "namespace": st.text(min_size=1, max_size=20),
+                "ui_port": PORTS,
             },
         ),
-        "database": st.fixed_dictionaries({}, optional={"url": st.text(max_size=30)}),
+        "database": st.fixed_dictionaries(
+            {},
+            optional={
+                "url": st.builds("sqlite:///{}.db".format, HOSTS)
+                | st.builds("postgresql://u:p@{}:{}/db".format, HOSTS, PORTS)
+            },
+        ),
         "api": st.fixed_dictionaries(
-            {}, optional={"host": st.text(max_size=20), "port": st.integers(0, 65535)}
+            {}, optional={"host": st.text(min_size=1, max_size=20), "port": PORTS}
         ),
         "jobs": st.fixed_dictionaries(
             {},
             optional={
-                "block_ttl_seconds": st.integers(1, 10**6),
-                "join_token_ttl_seconds": st.integers(1, 10**6),
+                "block_ttl_seconds": st.integers(1, MAX_TTL_SECONDS),
+                "join_token_ttl_seconds": st.integers(1, MAX_JOIN_TOKEN_TTL_SECONDS),
             },
         ),
         "providers": st.fixed_dictionaries(

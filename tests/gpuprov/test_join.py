@@ -207,7 +207,7 @@ async def test_token_create_refuses_a_bad_ttl(control_plane):
     code, out, err = await gpuprov(
         "token", "create", "--label", "x", "--ttl", "0", env=control_plane.env
     )
-    assert code == 2 and "--ttl must be a positive" in err and out == ""
+    assert code == 2 and "argument --ttl: must be 1-604800 seconds, got 0" in err and out == ""
 
 
 async def test_api_command_serves_registrations_until_sigterm(

@@ -223,7 +223,7 @@ async def test_worker_without_a_trusted_client_certificate_stops_at_once(
     await asyncio.wait_for(worker.wait(), 60)
     said = log.read_text()
     assert worker.returncode == 2, said
-    assert f"ERROR {_fill(expected, front, pki)}" in said
+    assert f"error: {_fill(expected, front, pki)}" in said
     assert "Traceback" not in said and "retrying" not in said
 
 
