@@ -145,7 +145,7 @@ class KeyStore:
         directory: str | Path | None = None,
     ) -> None:
         if (client_key is None) == (directory is None):
-            raise ValueError("a KeyStore needs a configured client key or a directory, not both")
+            raise ValueError("a KeyStore needs either a configured client key or a directory")
         self._pins = pins
         self._configured = client_key
         self.directory = Path(directory).expanduser() if directory is not None else None
