@@ -21,7 +21,8 @@ COPY activities ./activities
 COPY providers ./providers
 RUN pip install --no-cache-dir -c constraints.txt .
 
-# A fixed, unprivileged user; .data is the default SQLite/data dir (unused with PostgreSQL).
+# A fixed, unprivileged user; .data is the default data dir: the SQLite database (unused with
+# PostgreSQL) and an SSH client key the worker generates when [ssh] configures none.
 RUN useradd --system --uid 10001 --user-group --home-dir /app --no-create-home gpuprov \
     && mkdir /app/.data && chown gpuprov:gpuprov /app/.data
 USER gpuprov

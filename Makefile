@@ -49,10 +49,12 @@ bench: $(STAMP)
 
 # The chaos harness (chaos/, docs/reliability.md): N jobs under injected faults, worker SIGKILLs
 # and dev server restarts, then one reconcile pass; exits non-zero if any promise was broken.
-# `make chaos N=200 [SEED=1] [KILLS=10] [RESTARTS=2] [OUT=summary.md] [KEEP=1]`.
+# `make chaos N=200 [SEED=1] [KILLS=10] [RESTARTS=2] [WORKERS=2] [DATABASE=postgresql]
+# [OUT=summary.md] [KEEP=1]`.
 chaos: $(STAMP)
 	$(BIN)/python -m chaos --jobs $(or $(N),20) --seed $(or $(SEED),1) \
 		$(if $(KILLS),--kills $(KILLS)) $(if $(RESTARTS),--server-restarts $(RESTARTS)) \
+		$(if $(WORKERS),--workers $(WORKERS)) $(if $(DATABASE),--database $(DATABASE)) \
 		$(if $(OUT),--out $(OUT)) $(if $(KEEP),--keep)
 
 lint: $(STAMP)

@@ -68,10 +68,11 @@ async def serve(config_path: str | None) -> None:
         return
     async with running_worker(client, settings, records) as runtime:
         logging.info(
-            "worker on %s/%s, providers: %s",
+            "worker on %s/%s, providers: %s; %s",
             settings.temporal.address,
             settings.temporal.task_queue,
             ", ".join(runtime.providers) or "none",
+            runtime.ssh_key,
         )
         for provider, reason in sorted(runtime.skipped.items()):
             logging.warning("provider %s skipped: %s", provider, reason)

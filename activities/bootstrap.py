@@ -7,7 +7,7 @@ join over SSH:
    travels in the heartbeat details, so a retry keeps it), logging in with the deployment's
    client key (activities/ssh_keys.py) or the key the provider names for that VM;
 2. verify the host key, never skipping it (activities/ssh_connect.py): the key injected at
-   create time or pinned earlier (the worker's key directory), the input's key, and the
+   create time or pinned earlier (by any worker, in the database), the input's key, and the
    fingerprint the cloud reported must all match; with none of them the first key seen is
    pinned before anything is sent;
 3. mint a fresh join token for the VM (only its SHA-256 is stored; any earlier unused token of
@@ -183,7 +183,6 @@ class BootstrapActivities:
                         ),
                         token,
                     )
-                await asyncio.to_thread(self._keys.forget_private_host_key, request.vm)
         return BootstrapResult(
             vm=request.vm,
             host_key_fingerprint=fingerprint(presented),

@@ -249,9 +249,9 @@ class CloudActivities:
 
     def _for_ssh_bootstrap(self, spec: InstanceSpec, cloud_init: bool) -> InstanceSpec:
         """What a node the core bootstraps over SSH needs: the worker's client key as its
-        authorized key and, where the machine runs cloud-init, a host key generated here and
-        pinned for the VM, so bootstrap knows the key before first contact. The private host
-        key lives only in this spec's user data (never returned, never in history)."""
+        authorized key and, where the machine runs cloud-init, a host key derived for the VM
+        and pinned, so bootstrap knows the key before first contact. The private host key
+        lives only in this spec's user data (never stored, returned, or in history)."""
         assert self._keys is not None  # build_worker pairs ssh_bootstrap with a key store
         client_key = spec.ssh_public_key or self._keys.client_public_key()
         update: dict[str, Any] = {"ssh_public_key": client_key}

@@ -1,24 +1,27 @@
-"""Worker-side SSH key material: the deployment's client key, per-VM host keys and pins.
+"""Worker-side SSH key material: the deployment's client key, per-VM host keys, and pins.
 
-Everything here lives in one directory on the worker (the lead passes `<data_dir>/ssh`), never
-in Temporal history, a log line or an activity result:
+The client key is the deployment's credential for logging in to nodes. Configured
+(`[ssh] client_key` or `client_key_file`), every worker has the same one; otherwise a worker
+generates one in its own directory, which serves a single worker (gpuprov/engine.py refuses to
+start a worker whose generated key is not the one the deployment already uses):
 
-    <dir>/                     0700
-      client_ed25519           0600  the key the control plane logs in to nodes with
-      client_ed25519.pub             its public half (what clouds put in authorized_keys)
-      host_keys/<vm>           0600  a host key generated for one VM, until it is installed
-      known_hosts/<vm>               the host key a VM must present (injected, or pinned)
+    <dir>/                     0700   (only without a configured key)
+      client_ed25519           0600  the generated client key
+      client_ed25519.pub             its public half
 
 Host-key trust, strongest first:
-(a) the control plane generates the VM's host key (`host_key_for`) and injects it at create
-    time (`host_key_cloud_config`, cloud-init user data), so the key is known before first
-    contact; its public half is recorded in known_hosts/<vm> at once;
+(a) the control plane makes the VM's host key (`host_key_for`) and injects it at create time
+    (`host_key_cloud_config`, cloud-init user data), so the key is known before first contact;
+    its public half is pinned at once;
 (b) the cloud reports a fingerprint (SshEndpoint.host_key_fingerprint);
 (c) neither: the first key seen is pinned (`pin`) and every later contact must match it.
 
-Files are created with O_EXCL-style links, so two workers sharing the directory agree on one key:
-whoever links first wins and the other reads the winner's file. Several workers must share this
-directory (a volume), or nodes created by one cannot be reached by another.
+Pins are public and live in the database (`HostKeyPins`, gpuprov/ssh_records.py), so any worker
+verifies any VM; the first pin of a VM wins and is never replaced. A VM's injected host key is
+not stored anywhere: it is derived from the client key and the VM's name (`derive_host_key`), so
+every worker holding the deployment's key makes the same key for the same VM (a create retried
+on another worker injects exactly what the first one pinned), and the private half exists only
+in the user data handed to the cloud.
 """
 
 from __future__ import annotations
@@ -29,8 +32,12 @@ import os
 import re
 import tempfile
 from pathlib import Path
+from typing import Protocol
 
 import asyncssh
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from providers.ssh_common import fingerprint as fingerprint  # re-exported for its users
 from providers.ssh_common import public_line
@@ -41,6 +48,8 @@ KEY_COMMENT = "gpuprov"
 # A VM identity becomes a file name here and a directory name on the node: keep it tame.
 _VM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,199}")
 _FINGERPRINT = re.compile(r"SHA256:[A-Za-z0-9+/]{43}=?")
+# Domain separation for derive_host_key: a key derived here is good for nothing else.
+_HOST_KEY_SALT = b"gpuprov ssh host key v1"
 
 
 class KeyFileError(ValueError):
@@ -69,6 +78,33 @@ def parse_public_key(text: str) -> asyncssh.SSHKey:
         raise ValueError(f"not an OpenSSH public key: {error}") from None
 
 
+def read_client_key(text: str) -> asyncssh.SSHKey:
+    """A configured client key: unencrypted private key text, OpenSSH or PEM. ValueError
+    otherwise, whose message never quotes the text (it may be a secret)."""
+    try:
+        return asyncssh.import_private_key(text.strip().encode())
+    except (asyncssh.KeyImportError, asyncssh.KeyEncryptionError, ValueError, TypeError):
+        raise ValueError("not an unencrypted OpenSSH or PEM private key") from None
+
+
+def derive_host_key(client_key: asyncssh.SSHKey, vm: str) -> asyncssh.SSHKey:
+    """The ed25519 host key of `vm`: HKDF-SHA256 over the client key's OpenSSH private encoding,
+    with the VM's name as the context. The same for the same (client key, VM) on every worker,
+    unrelated across VMs, and useless without the client key, which logs in to the node anyway.
+    """
+    seed = HKDF(algorithm=hashes.SHA256(), length=32, salt=_HOST_KEY_SALT, info=vm.encode()).derive(
+        client_key.private_data
+    )
+    der = Ed25519PrivateKey.from_private_bytes(seed).private_bytes(
+        serialization.Encoding.DER,
+        serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption(),
+    )
+    key = asyncssh.import_private_key(der)
+    key.set_comment(f"gpuprov-{vm}")
+    return key
+
+
 def host_key_cloud_config(host_key: asyncssh.SSHKey, authorized_keys: list[str]) -> str:
     """cloud-init user data that installs `host_key` as the node's SSH host key (cc_ssh's
     `ssh_keys`; bootstrap asks for that key's type, so other generated types do not matter)
@@ -88,16 +124,44 @@ def host_key_cloud_config(host_key: asyncssh.SSHKey, authorized_keys: list[str])
     return "#cloud-config\n" + json.dumps(document, indent=2) + "\n"
 
 
-class KeyStore:
-    """The worker's SSH key directory. Synchronous (file I/O): async callers use to_thread."""
+class HostKeyPins(Protocol):
+    """Where pins live: the database (gpuprov.ssh_records.SshRecords), shared by every worker."""
 
-    def __init__(self, directory: str | Path) -> None:
-        self.directory = Path(directory).expanduser()
+    def pin_host_key(self, vm: str, public_key: str) -> str: ...
+
+    def host_key(self, vm: str) -> str | None: ...
+
+
+class KeyStore:
+    """The worker's SSH keys: the client key (configured, or generated in `directory`), the host
+    keys it derives per VM, and the pins. Synchronous (file and database I/O): async callers use
+    to_thread."""
+
+    def __init__(
+        self,
+        pins: HostKeyPins,
+        *,
+        client_key: asyncssh.SSHKey | None = None,
+        directory: str | Path | None = None,
+    ) -> None:
+        if (client_key is None) == (directory is None):
+            raise ValueError("a KeyStore needs either a configured client key or a directory")
+        self._pins = pins
+        self._configured = client_key
+        self.directory = Path(directory).expanduser() if directory is not None else None
+
+    @property
+    def generated(self) -> bool:
+        """The client key is this worker's own (no deployment key configured)."""
+        return self._configured is None
 
     # ------------------------------------------------------------------ the client key
 
     def client_key(self) -> asyncssh.SSHKey:
-        """The deployment's private client key, generated on first use."""
+        """The private client key: the configured one, else the directory's, generated on
+        first use."""
+        if self._configured is not None:
+            return self._configured
         path = self._dir() / CLIENT_KEY_NAME
         key = self._read_private(path)
         if key is None:
@@ -113,61 +177,30 @@ class KeyStore:
     # ------------------------------------------------------------------ host keys
 
     def host_key_for(self, vm: str) -> asyncssh.SSHKey:
-        """A host key for `vm` (the same one on every call): generated worker-side, its public
-        half recorded as the key the VM must present. Inject it with host_key_cloud_config."""
-        path = self._dir("host_keys") / check_vm_name(vm)
-        key = self._read_private(path)
-        if key is None:
-            fresh = asyncssh.generate_private_key(KEY_ALGORITHM, comment=f"gpuprov-{vm}")
-            key = self._create_private(path, fresh)
+        """The host key to inject into `vm` (the same one on every call and every worker),
+        its public half pinned as the key the VM must present."""
+        key = derive_host_key(self.client_key(), check_vm_name(vm))
         self.pin(vm, key.convert_to_public())
         return key
 
-    def forget_private_host_key(self, vm: str) -> None:
-        """Drop the private host key once the node has it (after bootstrap)."""
-        with contextlib.suppress(FileNotFoundError):
-            (self._dir("host_keys") / check_vm_name(vm)).unlink()
-
     def known_host_key(self, vm: str) -> asyncssh.SSHKey | None:
-        """The key `vm` must present: injected or pinned earlier; None if none yet."""
-        path = self._dir("known_hosts") / check_vm_name(vm)
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return None
-        except OSError as error:
-            raise KeyFileError(f"cannot read {path}: {error.strerror}") from None
-        try:
-            return parse_public_key(text)
-        except ValueError:
-            raise KeyFileError(f"{path} does not hold an OpenSSH public key") from None
+        """The key `vm` must present: injected or pinned earlier, by any worker; None if none."""
+        recorded = self._pins.host_key(check_vm_name(vm))
+        return parse_public_key(recorded) if recorded is not None else None
 
     def pin(self, vm: str, key: asyncssh.SSHKey) -> asyncssh.SSHKey:
         """Record `key` as the one `vm` must present, unless one is recorded already; returns
         the recorded key (compare it with yours: a different one means you lost a race or the
         host changed its key)."""
-        path = self._dir("known_hosts") / check_vm_name(vm)
-        if _create_exclusive(path, public_line(key) + "\n", 0o644):
-            return key
-        recorded = self.known_host_key(vm)
-        if recorded is None:  # removed between our link and our read: try once more
-            _create_exclusive(path, public_line(key) + "\n", 0o644)
-            recorded = self.known_host_key(vm)
-        assert recorded is not None
-        return recorded
-
-    def forget(self, vm: str) -> None:
-        """Remove everything recorded for `vm` (the VM is gone for good)."""
-        self.forget_private_host_key(vm)
-        with contextlib.suppress(FileNotFoundError):
-            (self._dir("known_hosts") / check_vm_name(vm)).unlink()
+        recorded = self._pins.pin_host_key(check_vm_name(vm), public_line(key))
+        return parse_public_key(recorded)
 
     # ------------------------------------------------------------------ files
 
-    def _dir(self, *parts: str) -> Path:
-        path = self.directory.joinpath(*parts)
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-        return path
+    def _dir(self) -> Path:
+        assert self.directory is not None  # only a generated key lives in a file
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return self.directory
 
     def _read_private(self, path: Path) -> asyncssh.SSHKey | None:
         try:
@@ -184,7 +217,7 @@ class KeyStore:
     def _create_private(self, path: Path, key: asyncssh.SSHKey) -> asyncssh.SSHKey:
         if _create_exclusive(path, key.export_private_key("openssh").decode(), 0o600):
             return key
-        winner = self._read_private(path)  # another worker wrote it first
+        winner = self._read_private(path)  # another process wrote it first
         assert winner is not None
         return winner
 
@@ -219,3 +252,22 @@ def _write_atomic(path: Path, text: str, mode: int) -> None:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(temp)
         raise
+
+
+def carry_over_pins(directory: Path, pins: HostKeyPins) -> int:
+    """Record in `pins` the host keys an earlier gpuprov pinned in files
+    (<directory>/known_hosts/<vm>), so VMs pinned before the upgrade stay verified on every
+    worker; the first pin of a VM still wins. The number of files read; the files stay."""
+    folder = directory / "known_hosts"
+    if not folder.is_dir():
+        return 0
+    read = 0
+    for path in sorted(folder.iterdir()):
+        try:
+            vm = check_vm_name(path.name)
+            key = parse_public_key(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue  # not a pin file (a temp file, or damaged): nothing to carry over
+        pins.pin_host_key(vm, public_line(key))
+        read += 1
+    return read

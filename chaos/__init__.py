@@ -7,6 +7,8 @@ identity, nothing left running, no side resource left, no open orphan, every job
 
 - faults.py: the seeded fault plan and the worker's TOML config.
 - processes.py: the dev server and worker subprocesses (start, SIGKILL, restart, always stop).
+- postgres.py: the scratch PostgreSQL database of `--database postgresql`.
+- workers.py: which worker process ran the jobs' tasks (`--workers N`).
 - run.py: the run itself (submit, disrupt, release/cancel, wait, reconcile, collect).
 - stalls.py: where jobs lost time, read from their histories.
 - report.py: the checks and the summary (text and markdown).

@@ -1,4 +1,5 @@
-"""`python -m chaos --jobs N --seed S [--kills K] [--server-restarts R] [--out FILE]`
+"""`python -m chaos --jobs N --seed S [--kills K] [--server-restarts R] [--workers W]
+[--database sqlite|postgresql] [--out FILE]`
 
 Prints progress on stderr and the summary on stdout; exits 0 only when every check passed
 (docs/reliability.md says what is checked). `make chaos N=200` runs the large configuration.
@@ -21,7 +22,10 @@ def parse(argv: list[str]) -> tuple[Options, Path | None]:
     parser.add_argument("--jobs", type=int, default=20, help="jobs to submit (default 20)")
     parser.add_argument("--seed", type=int, default=1, help="seed of every random choice")
     parser.add_argument(
-        "--kills", type=int, default=None, help="worker SIGKILLs (default: N/20, at least 1)"
+        "--kills",
+        type=int,
+        default=None,
+        help="worker SIGKILLs (default: N/20, at least one per worker)",
     )
     parser.add_argument(
         "--server-restarts",
@@ -53,17 +57,40 @@ def parse(argv: list[str]) -> tuple[Options, Path | None]:
     parser.add_argument(
         "--density", type=float, default=1.0, help="fault rules per job (default 1.0)"
     )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes on the task queue, each with its own data dir and killed on its "
+        "own (default 1)",
+    )
+    parser.add_argument(
+        "--database",
+        choices=("sqlite", "postgresql"),
+        default="sqlite",
+        help="the workers' and the API's database: a SQLite file, or a scratch PostgreSQL "
+        "database (default sqlite)",
+    )
+    parser.add_argument(
+        "--postgres-url",
+        help="with --database postgresql: a server to make the scratch database on (a role that "
+        "may CREATE DATABASE); default: the harness runs its own from $GPUPROV_PG_BIN",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the run directory")
     parser.add_argument("--out", type=Path, help="also write the summary as markdown here")
     args = parser.parse_args(argv)
     if args.jobs < 1:
         parser.error("--jobs must be at least 1")
-    kills = args.kills if args.kills is not None else max(1, round(args.jobs / 20))
+    kills = args.kills if args.kills is not None else max(args.workers, round(args.jobs / 20))
     restarts = args.server_restarts
     if restarts is None:
         restarts = max(1, round(args.jobs / 100))
     if kills < 0 or restarts < 0:
         parser.error("--kills and --server-restarts cannot be negative")
+    if args.workers < 1:
+        parser.error("--workers must be at least 1")
+    if args.postgres_url and args.database != "postgresql":
+        parser.error("--postgres-url needs --database postgresql")
     options = Options(
         jobs=args.jobs,
         seed=args.seed,
@@ -76,6 +103,9 @@ def parse(argv: list[str]) -> tuple[Options, Path | None]:
         density=args.density,
         keep=args.keep,
         command=command_line(argv),
+        workers=args.workers,
+        database=args.database,
+        postgres_url=args.postgres_url,
     )
     return options, args.out
 

@@ -1,4 +1,5 @@
-"""The processes the harness owns: a Temporal dev server and a gpuprov worker.
+"""The processes the harness owns: a Temporal dev server and gpuprov workers (and, with
+`--database postgresql`, a PostgreSQL server: chaos/postgres.py).
 
 Both run in their own session (a Ctrl-C in the terminal reaches only the harness, which then
 stops them in order) and, on Linux, die with the harness even if it is SIGKILLed itself
@@ -12,6 +13,7 @@ import asyncio
 import contextlib
 import ctypes
 import os
+import pwd
 import signal
 import subprocess
 import sys
@@ -30,30 +32,46 @@ STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL on a normal stop
 _PR_SET_PDEATHSIG = 1
 
 
-def _child_setup() -> None:
+def _child_setup(user: pwd.struct_passwd | None = None) -> None:
     """In the child before exec: the harness blocks its stop signals (chaos/__main__.py) and
-    the mask is inherited, so unblock them; and get SIGKILL when the harness dies (Linux)."""
+    the mask is inherited, so unblock them; become `user` if given (PostgreSQL refuses root);
+    and get SIGKILL when the harness dies (Linux; set after the user change, which clears it)."""
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    if user is not None:
+        os.setgroups([])
+        os.setgid(user.pw_gid)
+        os.setuid(user.pw_uid)
     if sys.platform.startswith("linux"):
         with contextlib.suppress(Exception):
             libc = ctypes.CDLL(None, use_errno=True)
             libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def _preexec() -> Callable[[], None] | None:
-    return _child_setup if hasattr(signal, "pthread_sigmask") else None
+def preexec(user: pwd.struct_passwd | None = None) -> Callable[[], None] | None:
+    if not hasattr(signal, "pthread_sigmask"):
+        return None
+    return lambda: _child_setup(user)
 
 
 class Child:
     """One subprocess with its log file; restartable."""
 
-    def __init__(self, name: str, args: list[str], log: Path, env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        name: str,
+        args: list[str],
+        log: Path,
+        env: dict[str, str] | None = None,
+        user: pwd.struct_passwd | None = None,
+    ):
         self.name = name
         self.args = args
         self.log = log
         self.env = env
+        self.user = user  # run as this system user (the harness is root)
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
+        self.pids: list[int] = []  # one per start
 
     @property
     def running(self) -> bool:
@@ -78,9 +96,10 @@ class Child:
                 stdin=subprocess.DEVNULL,
                 env=self.env,
                 start_new_session=True,
-                preexec_fn=_preexec(),  # must run on the loop thread: see start()
+                preexec_fn=preexec(self.user),  # must run on the loop thread: see start()
             )
         self.starts += 1
+        self.pids.append(self.proc.pid)
 
     def kill(self) -> None:
         """SIGKILL and reap (a crash, as far as the process can tell)."""
@@ -163,18 +182,25 @@ def _system_info_request():  # type: ignore[no-untyped-def]
 
 
 class WorkerProcess(Child):
-    """`python worker.py --config <toml>`; the config file can be rewritten between starts."""
+    """`python worker.py --config <toml>`; the config file can be rewritten between starts.
 
-    def __init__(self, config: Path, log: Path) -> None:
+    With `data_dir`, the worker keeps its own `[temporal] data_dir` there, as a worker on
+    another host would (nothing on disk shared with the other workers)."""
+
+    def __init__(
+        self, config: Path, log: Path, name: str = "gpuprov worker", data_dir: Path | None = None
+    ) -> None:
         env = dict(os.environ)
         env.pop("GPUPROV_CONFIG", None)
         # The harness's environment must not override the worker's config file.
-        for name in list(env):
-            if name.startswith("GPUPROV_"):
-                env.pop(name)
+        for variable in list(env):
+            if variable.startswith("GPUPROV_"):
+                env.pop(variable)
         env["PYTHONUNBUFFERED"] = "1"
+        if data_dir is not None:
+            env["GPUPROV_TEMPORAL__DATA_DIR"] = str(data_dir)
         args = [sys.executable, str(REPO / "worker.py"), "--config", str(config)]
-        super().__init__("gpuprov worker", args, log, env)
+        super().__init__(name, args, log, env)
 
     def use_config(self, config: Path) -> None:
         """The config file the next start reads."""

@@ -4,7 +4,10 @@
    fault rules, the disruption schedule (worker SIGKILLs and dev server restarts, at random
    moments inside the arrival window) and every pause length.
 2. Start a Temporal dev server on a SQLite file, the control-plane API in this process, and the
-   worker as a subprocess (its fake cloud's state in a file, simulated node agents on).
+   worker as a subprocess (its fake cloud's state in a file, simulated node agents on). With
+   `--workers N`, N worker processes poll the task queue, each with a data dir of its own (as
+   on separate hosts) and each killed on its own; with `--database postgresql` the workers and
+   the API share a scratch PostgreSQL database (chaos/postgres.py) instead of a SQLite file.
 3. Submit the jobs as they arrive; release every job that reaches ready (cancelled jobs are
    held until their cancel), cancel the chosen ones, and disrupt on schedule. The last job is
    submitted only once every disruption is done, so all of them happen while jobs are running.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import random
 import shlex
 import shutil
@@ -40,9 +44,11 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.service import RPCError, RPCStatusCode
 
 from chaos.faults import FaultPlan, Timings, plan_faults, worker_config
+from chaos.postgres import ScratchPostgres
 from chaos.processes import DevServer, WorkerProcess
 from chaos.report import Check, JobOutcome, ResolvedOrphan, Summary
 from chaos.stalls import THRESHOLD, JobTimes, find_stalls, stall_lines
+from chaos.workers import OTHER, tasks_by_worker
 from gpuprov import search_attributes
 from gpuprov.api import create_app, serving
 from gpuprov.client import GpuprovClient, GpuprovError, JobAlreadyExists, JobHandle, JobNotFound
@@ -89,6 +95,9 @@ class Options:
     density: float = 1.0  # fault rules per job (at least the coverage deck)
     keep: bool = False
     command: str = ""
+    workers: int = 1  # worker processes on the task queue, each killed on its own
+    database: str = "sqlite"  # or "postgresql": a scratch database (chaos/postgres.py)
+    postgres_url: str | None = None  # a server to make it on; None: the harness runs one
 
 
 @dataclass
@@ -117,6 +126,7 @@ class Disruption:
     action: str  # kill_worker / restart_server
     pause: float  # how long the process stays down
     signal: str = "KILL"  # for restart_server: KILL or TERM
+    worker: int = 0  # for kill_worker: which worker process (0-based)
 
 
 @dataclass
@@ -157,7 +167,20 @@ def make_plan(options: Options, timings: Timings) -> Plan:
             sig = "KILL" if restarts % 2 == 0 else "TERM"
             restarts += 1
             disruptions.append(Disruption(at, action, round(rng.uniform(0.5, 3.0), 2), sig))
-    return Plan(jobs, faults, disruptions)
+    return Plan(jobs, faults, _target_workers(disruptions, options))
+
+
+def _target_workers(disruptions: list[Disruption], options: Options) -> list[Disruption]:
+    """Which worker each kill hits: every worker in turn, in a seeded order, so with at least as
+    many kills as workers each one dies at least once. Drawn apart from the rest of the plan,
+    so a one-worker run keeps the plan it always had for its seed."""
+    kills = [index for index, d in enumerate(disruptions) if d.action == "kill_worker"]
+    targets = [n % options.workers for n in range(len(kills))]
+    random.Random(f"{options.seed}/workers").shuffle(targets)
+    chosen = list(disruptions)
+    for index, target in zip(kills, targets, strict=True):
+        chosen[index] = dataclasses.replace(disruptions[index], worker=target)
+    return chosen
 
 
 def _job_spec(job: JobRun, options: Options) -> JobSpec:
@@ -190,7 +213,12 @@ class ChaosRun:
         self.config_path = self.data_dir / "gpuprov.toml"  # with the fault rules
         self.calm_config_path = self.data_dir / "gpuprov-calm.toml"  # without
         self.server = DevServer(self.data_dir, free_port())
-        self.worker = WorkerProcess(self.config_path, self.data_dir / "worker.log")
+        self.workers = _worker_processes(options.workers, self.config_path, self.data_dir)
+        self.postgres = (
+            ScratchPostgres(options.postgres_url, keep=options.keep)
+            if options.database == "postgresql"
+            else None
+        )
         self.api_port = free_port()
         self.client: Client | None = None
         self.records: Records | None = None
@@ -262,13 +290,16 @@ class ChaosRun:
     async def run(self) -> Summary:
         self.started = time.monotonic()
         self.epoch0 = time.time()
-        self.write_config(calm=False)
         self.event(
             f"run directory {self.data_dir}; {len(self.plan.faults.faults)} fault rules; "
-            f"disruptions: " + ", ".join(f"{d.action}@{d.at:.1f}s" for d in self.plan.disruptions)
+            f"disruptions: " + ", ".join(_describe(d, self.options) for d in self.plan.disruptions)
         )
         failed = True
         try:
+            if self.postgres is not None:
+                self.database_url = await self.postgres.start()
+                self.event(f"{self.postgres.describe()}, shared by the workers and the API")
+            self.write_config(calm=False)
             self.server.start()
             self.client = await self.server.wait_ready(None)
             self.server_up.set()
@@ -280,7 +311,7 @@ class ChaosRun:
                     await self._final_phase()
                 finally:
                     await self._stop_tasks(supervisor=True)
-                    self.worker.stop()
+                    self._stop_workers()
             failed = not self.summary.passed
         except BaseException as error:
             self.summary.checks.append(
@@ -289,10 +320,12 @@ class ChaosRun:
             raise
         finally:
             await self._stop_tasks(supervisor=True)
-            self.worker.stop()
+            self._stop_workers()
             self.server.stop()
             if self.records is not None:
                 self.records.db.dispose()
+            if self.postgres is not None:
+                self.postgres.stop()
             self.summary.elapsed = self.now()
             if failed or self.options.keep:
                 self.summary.data_dir = str(self.data_dir)
@@ -317,10 +350,15 @@ class ChaosRun:
         self._tasks.append(task)
         return task
 
+    def _stop_workers(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+
     async def _chaos_phase(self) -> None:
         async with self.worker_lock:
-            self.worker.start()
-        self.event(f"worker started (pid {self.worker.pid})")
+            for worker in self.workers:
+                worker.start()
+                self.event(f"{worker.name} started (pid {worker.pid})")
         self.arrivals_start = time.monotonic()
         # The supervisor outlives the chaos phase: the final phase needs a worker too.
         self._supervisor = asyncio.ensure_future(self._supervise_worker())
@@ -344,43 +382,49 @@ class ChaosRun:
             await asyncio.sleep(0.5)
             await self.server_up.wait()  # a worker cannot start while Temporal is down
             async with self.worker_lock:
-                if self.worker.running or self.worker.proc is None:
-                    continue
-                code = self.worker.proc.returncode
-                self.summary.unplanned_worker_exits += 1
-                self.disruption_log.append((self.now(), f"worker exit on its own ({code})"))
-                self.event(f"worker exited on its own (exit status {code}); restarting it")
-                tail = self.worker.log_tail(2000).strip().splitlines()
-                self.summary.findings.append(
-                    f"the worker exited on its own at t+{self.now():.0f}s with status {code} "
-                    f"(restarted); its last log line: {tail[-1][:300] if tail else '(none)'}"
-                )
-                self.worker.start()
+                for worker in self.workers:
+                    if not worker.running and worker.proc is not None:
+                        self._restart_exited(worker, worker.proc.returncode)
+
+    def _restart_exited(self, worker: WorkerProcess, code: int | None) -> None:
+        self.summary.unplanned_worker_exits += 1
+        self.disruption_log.append((self.now(), f"{worker.name} exit on its own ({code})"))
+        self.event(f"{worker.name} exited on its own (exit status {code}); restarting it")
+        tail = worker.log_tail(2000).strip().splitlines()
+        self.summary.findings.append(
+            f"the {worker.name} exited on its own at t+{self.now():.0f}s with status {code} "
+            f"(restarted); its last log line: {tail[-1][:300] if tail else '(none)'}"
+        )
+        worker.start()
 
     async def _disrupt(self) -> None:
         try:
             for disruption in self.plan.disruptions:
                 await self._sleep_until(disruption.at)
                 if disruption.action == "kill_worker":
-                    await self._kill_worker(disruption.pause)
+                    await self._kill_worker(self.workers[disruption.worker], disruption.pause)
                 else:
                     await self._restart_server(disruption)
         finally:
             self.disruptions_done.set()
 
-    async def _kill_worker(self, pause: float) -> None:
+    async def _kill_worker(self, worker: WorkerProcess, pause: float) -> None:
         async with self.worker_lock:
-            pid = self.worker.pid
-            self.worker.kill()
+            pid = worker.pid
+            worker.kill()
             self.summary.kills_done += 1
-            self.disruption_log.append((self.now(), f"SIGKILL worker #{self.summary.kills_done}"))
-            self.event(
-                f"SIGKILL worker #{self.summary.kills_done} (pid {pid}); "
-                f"{self._open_jobs()} job(s) open; down {pause:g}s"
-            )
+            kill = f"SIGKILL {worker.name} #{self.summary.kills_done}"
+            self.disruption_log.append((self.now(), kill))
+            others = len(self.workers) - 1
+            running = f"{self._running_workers()}/{others} other worker(s) up; " if others else ""
+            open_jobs = f"{self._open_jobs()} job(s) open"
+            self.event(f"{kill} (pid {pid}); {open_jobs}; {running}down {pause:g}s")
             await asyncio.sleep(pause)
-            self.worker.start()
-        self.event(f"worker restarted (pid {self.worker.pid})")
+            worker.start()
+        self.event(f"{worker.name} restarted (pid {worker.pid})")
+
+    def _running_workers(self) -> int:
+        return sum(1 for worker in self.workers if worker.running)
 
     async def _restart_server(self, disruption: Disruption) -> None:
         self.server_up.clear()
@@ -529,10 +573,11 @@ class ChaosRun:
         # The cloud calms down: the worker restarts without fault rules for what follows.
         self.write_config(calm=True)
         async with self.worker_lock:
-            await asyncio.to_thread(self.worker.stop)
-            self.worker.use_config(self.calm_config_path)
-            self.worker.start()
-        self.event("worker restarted without fault rules for the reconcile pass")
+            await asyncio.to_thread(self._stop_workers)
+            for worker in self.workers:
+                worker.use_config(self.calm_config_path)
+                worker.start()
+        self.event("workers restarted without fault rules for the reconcile pass")
         await self._collect_final_statuses()
         await self._find_stalls()
         await asyncio.sleep(self.timings.delete_delay + 0.5)  # deletions in flight settle
@@ -553,6 +598,7 @@ class ChaosRun:
         )
         self._fault_stats()
         self._checks(after, unrecorded)
+        await self._check_every_worker_served()
 
     async def _collect_final_statuses(self) -> None:
         limit = asyncio.Semaphore(8)
@@ -616,6 +662,23 @@ class ChaosRun:
             f"back only after their timeout: see 'stalls'); {len(timed_out)} job(s) failed by "
             f"provisioning timeout, {len(timed_out & stalled_jobs)} of them had such a stall "
             "(for the others see 'workflow task waits')"
+        )
+
+    async def _check_every_worker_served(self) -> None:
+        """With several workers: each one ran workflow or activity tasks of the jobs."""
+        if len(self.workers) < 2:
+            return
+        assert self.client is not None
+        names = {pid: worker.name for worker in self.workers for pid in worker.pids}
+        submitted = [job.workflow_id for job in self.plan.jobs if job.handle is not None]
+        tally = await tasks_by_worker(self.client, submitted, names)
+        counted = [worker.name for worker in self.workers] + ([OTHER] if tally[OTHER] else [])
+        self.summary.checks.append(
+            Check(
+                "every worker process ran tasks of the jobs (workflow and activity tasks)",
+                all(tally[worker.name] > 0 for worker in self.workers),
+                ", ".join(f"{name} {tally[name]}" for name in counted),
+            )
         )
 
     def _ledger(self) -> dict[str, Any]:
@@ -851,6 +914,27 @@ def _resolved_orphans(
         for vm in open_before
         if vm not in open_after
     ]
+
+
+def _worker_processes(count: int, config: Path, data_dir: Path) -> list[WorkerProcess]:
+    """One worker as ever (worker.log); several each with a data dir and a log of their own."""
+    if count == 1:
+        return [WorkerProcess(config, data_dir / "worker.log", name="worker")]
+    return [
+        WorkerProcess(
+            config,
+            data_dir / f"worker-{n}.log",
+            name=f"worker {n}",
+            data_dir=data_dir / f"worker-{n}",
+        )
+        for n in range(1, count + 1)
+    ]
+
+
+def _describe(disruption: Disruption, options: Options) -> str:
+    if disruption.action == "kill_worker" and options.workers > 1:
+        return f"kill_worker {disruption.worker + 1}@{disruption.at:.1f}s"
+    return f"{disruption.action}@{disruption.at:.1f}s"
 
 
 def _waits_line(times: list[JobTimes], timed_out: set[str]) -> str:

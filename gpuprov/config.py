@@ -1,6 +1,6 @@
 """Settings: one `gpuprov.toml` (path by flag or GPUPROV_CONFIG) plus environment overrides.
 
-Sections: `[temporal]`, `[database]`, `[api]`, `[jobs]`, `[metrics]`, `[codec]`,
+Sections: `[temporal]`, `[database]`, `[api]`, `[jobs]`, `[metrics]`, `[codec]`, `[ssh]`,
 `[providers.<id>]`. Any setting can be overridden by an environment variable named after its
 path with double underscores, e.g. `GPUPROV_TEMPORAL__ADDRESS=temporal:7233`,
 `GPUPROV_METRICS__BIND=0.0.0.0:9464` or `GPUPROV_CODEC__KEYS='{k1 = "<base64>"}'`.
@@ -298,6 +298,29 @@ class CodecSettings(Model):
         }
 
 
+class SshSettings(Model):
+    """The deployment's SSH client key: what every worker logs in to nodes with over SSH
+    (bootstrap, k3s, health probes; activities/ssh_keys.py).
+
+    The private key's text (OpenSSH or PEM, unencrypted) inline, e.g. from
+    GPUPROV_SSH__CLIENT_KEY in a secret store's environment, or a file holding it; never both.
+    Neither: a worker generates a key in <temporal.data_dir>/ssh, which serves one worker only
+    (a node one worker created authorizes that worker's key alone)."""
+
+    client_key: SecretStr | None = None
+    client_key_file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SshSettings:
+        if self.client_key is not None and self.client_key_file is not None:
+            raise ValueError("give client_key or client_key_file, not both")
+        return self
+
+    @property
+    def configured(self) -> bool:
+        return self.client_key is not None or self.client_key_file is not None
+
+
 class _ProviderSections(Model):
     """The `[providers.<id>]` sections: one optional field per cloud of the registry."""
 
@@ -345,6 +368,7 @@ class Settings(Model):
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
     codec: CodecSettings = Field(default_factory=CodecSettings)
+    ssh: SshSettings = Field(default_factory=SshSettings)
     providers: ProvidersSettings = Field(default_factory=ProvidersSettings)
 
     @property

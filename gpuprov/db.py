@@ -7,7 +7,8 @@ never by `metadata.create_all`, so a production schema always has a known revisi
 Every timestamp is a timezone-aware UTC datetime in Python. PostgreSQL stores `timestamptz`;
 SQLite has no time zones, so `UtcDateTime` stores naive UTC there and re-attaches UTC on read.
 `gpuprov.records.Records` is the only code that reads and writes these tables, but for the
-credential tables (operator_keys, worker_credentials), which are gpuprov.credentials'.
+credential tables (operator_keys, worker_credentials), which are gpuprov.credentials', and the
+SSH key tables (ssh_host_keys, ssh_client_keys), which are gpuprov.ssh_records'.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ WORKER_ORIGINS = ("managed", "existing")
 WORKER_STATES = ("idle", "reserved", "busy", "revoked")
 WORK_STATES = ("assigned", "started", "exited", "stop_requested", "stopped", "abandoned")
 LOG_STREAMS = ("stdout", "stderr", "gpuprov")  # gpuprov: the control plane's own notes
+SSH_CLIENT_KEY_SOURCES = ("configured", "generated")
 
 
 def utcnow() -> datetime:
@@ -297,6 +299,35 @@ class OrphanRecord(Table, table=True):
     last_error: str = _text()
     attempts: int
     resolved_at: datetime | None = _time(nullable=True)
+
+
+class HostKeyPin(Table, table=True):
+    """The SSH host key a VM must present: public data, one per VM, never replaced (the first
+    worker to record it wins; every other worker verifies the VM against it)."""
+
+    __tablename__ = "ssh_host_keys"
+    __table_args__ = (sa.UniqueConstraint("vm", name="uq_ssh_host_keys_vm"),)
+
+    id: str = Field(default_factory=new_id, primary_key=True)
+    vm: str  # the VM identity (vms.vm for managed nodes)
+    public_key: str = _text()  # one OpenSSH public key line
+    created_at: datetime = _time()
+
+
+class SshClientKey(Table, table=True):
+    """A public SSH client key this deployment's workers log in to nodes with (the private half
+    is configuration, never stored): how a worker that generated its own key learns that the
+    deployment already uses another."""
+
+    __tablename__ = "ssh_client_keys"
+    __table_args__ = (sa.UniqueConstraint("fingerprint", name="uq_ssh_client_keys_fingerprint"),)
+
+    id: str = Field(default_factory=new_id, primary_key=True)
+    fingerprint: str  # SHA256:... of the key
+    public_key: str = _text()
+    source: str  # SSH_CLIENT_KEY_SOURCES
+    host: str  # the host name of the worker that recorded it first
+    registered_at: datetime = _time()
 
 
 TABLES = tuple(metadata.sorted_tables)

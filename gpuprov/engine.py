@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import asyncssh
 from temporalio.client import Client
 from temporalio.runtime import PrometheusConfig, TelemetryConfig
 from temporalio.runtime import Runtime as TemporalRuntime
@@ -25,7 +27,7 @@ from activities.job_context import JobContextActivities
 from activities.k3s import K3sActivities
 from activities.reconcile import ReconcileActivities
 from activities.registrations import RegistrationActivities
-from activities.ssh_keys import KeyStore
+from activities.ssh_keys import KeyFileError, KeyStore, carry_over_pins, read_client_key
 from activities.store import StoreActivities
 from activities.work import WorkActivities
 from gpuprov import metrics
@@ -35,11 +37,13 @@ from gpuprov.config import (
     JobsSettings,
     MetricsSettings,
     Settings,
+    SshSettings,
     TemporalSettings,
 )
 from gpuprov.connection import connect_temporal
 from gpuprov.db import DatabaseUnavailable, open_database
 from gpuprov.records import Records
+from gpuprov.ssh_records import SshRecords
 from gpuprov.work import WorkRecords
 from providers import build_all
 from providers.base import CloudProvider
@@ -101,7 +105,7 @@ def build_worker(
     api_url: str,
     jobs: JobsSettings | None = None,
     skipped: dict[str, str] | None = None,
-    ssh_key_dir: Path | None = None,
+    ssh_keys: KeyStore | None = None,
     ssh_bootstrap: set[str] | None = None,
     sandboxed: bool = True,
     workflows: Sequence[type] = tuple(WORKFLOWS),
@@ -110,8 +114,8 @@ def build_worker(
     """The gpuprov worker; `worker_options` go to temporalio's Worker unchanged (the benchmark
     raises max_concurrent_activities and max_cached_workflows for 1000 concurrent jobs).
 
-    With `ssh_key_dir` (the worker's SSH key directory, activities/ssh_keys.py) the worker also
-    runs the SSH bootstrap, for the providers in `ssh_bootstrap`.
+    With `ssh_keys` (the worker's SSH keys, activities/ssh_keys.py; `open_key_store`) the
+    worker also runs the SSH bootstrap, for the providers in `ssh_bootstrap`.
 
     `sandboxed` runs workflow code in temporalio's sandbox: the default here, so every test's
     worker has the runtime guard; `running_worker` passes `[temporal] workflow_sandbox`.
@@ -120,9 +124,9 @@ def build_worker(
     token_ttl = timedelta(seconds=jobs.join_token_ttl_seconds)
     enrolment = Enrolment(records, api_url, token_ttl)
     store = StoreActivities(records, timedelta(seconds=jobs.block_ttl_seconds))
-    if ssh_bootstrap and ssh_key_dir is None:
-        raise ValueError("ssh_bootstrap needs ssh_key_dir (where the worker keeps its SSH keys)")
-    keys = KeyStore(ssh_key_dir) if ssh_key_dir is not None else None
+    if ssh_bootstrap and ssh_keys is None:
+        raise ValueError("ssh_bootstrap needs ssh_keys (the worker's SSH client key and pins)")
+    keys = ssh_keys
     over_ssh = (
         [
             *BootstrapActivities(
@@ -186,12 +190,79 @@ async def open_records_patiently(
     return None
 
 
+SSH_KEY_SETTINGS = "ssh.client_key_file, ssh.client_key or GPUPROV_SSH__CLIENT_KEY"
+
+
+def open_key_store(
+    settings: SshSettings, data_dir: Path, records: Records, *, bootstrap: bool
+) -> tuple[KeyStore, str]:
+    """The worker's KeyStore (pins in the database) and how its start-up line describes the
+    client key. ConfigError, naming the setting and never quoting a key, when it cannot work.
+
+    A configured key is the deployment's: recorded for it, so a worker that generated its own
+    learns of it. Without one, the worker's key is generated in <data_dir>/ssh, which serves
+    one worker only: where a provider bootstraps over SSH (`bootstrap`), that key is recorded
+    too, and a worker whose generated key is not the one the deployment already uses refuses
+    to start rather than create nodes the other workers cannot reach."""
+    pins = SshRecords(records.db)
+    directory = data_dir / "ssh"
+    carry_over_pins(directory, pins)
+    if settings.configured:
+        keys = KeyStore(pins, client_key=_configured_client_key(settings))
+        source = "from ssh.client_key_file" if settings.client_key_file else "from ssh.client_key"
+    else:
+        keys = KeyStore(pins, directory=directory)
+        if not bootstrap:
+            return keys, "SSH client key: none configured (no provider bootstraps over SSH)"
+        source = f"generated in {directory} (one worker only; several need {SSH_KEY_SETTINGS})"
+    try:
+        key = keys.client_key()
+    except KeyFileError as error:
+        message = f"ssh.client_key is not set, and this worker's own key: {error}"
+        raise ConfigError(message) from None
+    fingerprint = key.get_fingerprint("sha256")
+    other = pins.register_client_key(
+        fingerprint,
+        keys.client_public_key(),
+        source="generated" if keys.generated else "configured",
+        host=socket.gethostname(),
+    )
+    if other is not None:
+        raise ConfigError(
+            f"ssh.client_key is not set, and the key this worker generated ({fingerprint} in "
+            f"{directory}) is not the {other.fingerprint} this deployment's workers use "
+            f"(recorded by {other.host} at {other.registered_at:%Y-%m-%d %H:%M} UTC): give "
+            f"every worker the deployment's key in {SSH_KEY_SETTINGS}"
+        )
+    return keys, f"SSH client key {fingerprint} {source}"
+
+
+def _configured_client_key(settings: SshSettings) -> asyncssh.SSHKey:
+    if settings.client_key is not None:
+        try:
+            return read_client_key(settings.client_key.get_secret_value())
+        except ValueError as error:
+            raise ConfigError(f"ssh.client_key: {error}") from None
+    path = Path(str(settings.client_key_file)).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError(f"ssh.client_key_file ({path}): {error.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"ssh.client_key_file ({path}): not a text file") from None
+    try:
+        return read_client_key(text)
+    except ValueError as error:
+        raise ConfigError(f"ssh.client_key_file ({path}): {error}") from None
+
+
 @dataclass
 class Runtime:
     worker: Worker
     records: Records
     providers: dict[str, CloudProvider]
     skipped: dict[str, str]
+    ssh_key: str  # the client key, for the start-up line (its fingerprint, never the key)
 
 
 @asynccontextmanager
@@ -204,31 +275,43 @@ async def running_worker(
         records = open_records(settings.database_url)
     built = build_all(settings.providers)
     providers = built.providers
-    worker = build_worker(
-        client,
-        settings.temporal.task_queue,
-        providers,
-        records,
-        api_url=settings.api.url,
-        jobs=settings.jobs,
-        skipped=built.skipped,
-        ssh_key_dir=Path(settings.temporal.data_dir) / "ssh",
-        max_concurrent_activities=settings.temporal.max_concurrent_activities,
-        max_cached_workflows=settings.temporal.max_cached_workflows,
-        sandboxed=settings.temporal.workflow_sandbox,
-        ssh_bootstrap={
-            provider_id
-            for provider_id in providers
-            if (section := settings.providers.section(provider_id)) is not None
-            and section.ssh_bootstrap
-        },
-    )
+    ssh_bootstrap = {
+        provider_id
+        for provider_id in providers
+        if (section := settings.providers.section(provider_id)) is not None
+        and section.ssh_bootstrap
+    }
     try:
+        keys, ssh_key = open_key_store(
+            settings.ssh, Path(settings.temporal.data_dir), records, bootstrap=bool(ssh_bootstrap)
+        )
+        worker = build_worker(
+            client,
+            settings.temporal.task_queue,
+            providers,
+            records,
+            api_url=settings.api.url,
+            jobs=settings.jobs,
+            skipped=built.skipped,
+            ssh_keys=keys,
+            max_concurrent_activities=settings.temporal.max_concurrent_activities,
+            max_cached_workflows=settings.temporal.max_cached_workflows,
+            sandboxed=settings.temporal.workflow_sandbox,
+            ssh_bootstrap=ssh_bootstrap,
+        )
         async with worker:
             yield Runtime(
-                worker=worker, records=records, providers=providers, skipped=built.skipped
+                worker=worker,
+                records=records,
+                providers=providers,
+                skipped=built.skipped,
+                ssh_key=ssh_key,
             )
     finally:
-        for provider in providers.values():
-            await provider.aclose()
-        records.db.dispose()
+        await _close(providers, records)
+
+
+async def _close(providers: dict[str, CloudProvider], records: Records) -> None:
+    for provider in providers.values():
+        await provider.aclose()
+    records.db.dispose()

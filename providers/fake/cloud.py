@@ -190,11 +190,16 @@ class FakeCloud(CloudProvider):
 
     def _boot_agent(self, row: InstanceRow) -> None:
         """A booted instance's agent registers once; observe is where the fake notices the
-        boot, so a restarted worker picks up agents that had not registered yet."""
-        if not self.config.simulate_agent or row.agent_state != "pending" or not row.join_token:
+        boot, so a restarted worker picks up agents that had not registered yet. Several
+        workers observe the same instance: the state file lets one of them run its agent at a
+        time (as a node runs one agent), so no second agent spends the token again."""
+        pending = row.agent_state in ("pending", "running")
+        if not self.config.simulate_agent or not pending or not row.join_token:
             return
         task = self._agents.get(row.id)
         if task is not None and not task.done():
+            return
+        if not self.state.claim_agent(row.id):
             return
         self._agents[row.id] = asyncio.create_task(self._run_agent(row))
 

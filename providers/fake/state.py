@@ -7,6 +7,7 @@ chaos harness) in another process can read: every instance ever created stays as
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -27,7 +28,8 @@ CREATE TABLE IF NOT EXISTS instances (
     deleted_at REAL,
     api_url TEXT,
     join_token TEXT,
-    agent_state TEXT NOT NULL DEFAULT 'pending'
+    agent_state TEXT NOT NULL DEFAULT 'pending',
+    agent_pid INTEGER
 );
 CREATE INDEX IF NOT EXISTS instances_vm ON instances (vm, region);
 CREATE TABLE IF NOT EXISTS side_resources (
@@ -69,7 +71,7 @@ class InstanceRow:
     deleted_at: float | None
     api_url: str | None = None  # the node's bootstrap (the cloud's "user data")
     join_token: str | None = None
-    agent_state: str = "pending"  # pending / registered / rejected
+    agent_state: str = "pending"  # pending / running (a process runs it) / registered / rejected
 
 
 class FakeCloudState:
@@ -80,6 +82,9 @@ class FakeCloudState:
         self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         self._db.execute("PRAGMA busy_timeout = 30000")
         self._db.executescript(SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(instances)")}
+        if "agent_pid" not in columns:  # a state file written before agents were claimed
+            self._db.execute("ALTER TABLE instances ADD COLUMN agent_pid INTEGER")
 
     def close(self) -> None:
         self._db.close()
@@ -185,6 +190,27 @@ class FakeCloudState:
         args = (vm, vm, region, region, gone_by, gone_by)
         return [InstanceRow(*row) for row in self._db.execute(query, args).fetchall()]
 
+    def claim_agent(self, instance_id: str, pid: int | None = None) -> bool:
+        """Whether process `pid` (this one by default) is to run the instance's agent: a node
+        runs one agent, however many workers observe it booting. Yes while the agent is
+        pending, or was being run by a process that has died (a killed worker); no while
+        another live process runs it or it has finished."""
+        pid = os.getpid() if pid is None else pid
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT agent_state, agent_pid FROM instances WHERE id = ?", (instance_id,)
+            ).fetchone()
+            if row is None or row[0] not in ("pending", "running"):
+                return False
+            state, runner = row
+            if state == "running" and runner != pid and _alive(runner):
+                return False
+            db.execute(
+                "UPDATE instances SET agent_state = 'running', agent_pid = ? WHERE id = ?",
+                (pid, instance_id),
+            )
+        return True
+
     def set_agent_state(self, instance_id: str, agent_state: str) -> None:
         with self._transaction() as db:
             db.execute(
@@ -235,3 +261,15 @@ class FakeCloudState:
         return self._db.execute(
             "SELECT vm, region, kind, name FROM side_resources WHERE deleted_at IS NULL"
         ).fetchall()
+
+
+def _alive(pid: int | None) -> bool:
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True

@@ -43,6 +43,7 @@ from gpuprov.api import create_app, serving
 from gpuprov.db import JoinToken, WorkerRecord
 from gpuprov.engine import open_records
 from gpuprov.records import Records
+from gpuprov.ssh_records import SshRecords
 from providers.base import SshEndpoint
 from tests.helpers import decoded_history, eventually
 from tests.sshd import (
@@ -132,8 +133,8 @@ def records(tmp_path: Path) -> Records:
 
 
 @pytest.fixture
-def keys(tmp_path: Path) -> KeyStore:
-    return KeyStore(tmp_path / "worker-keys")
+def keys(tmp_path: Path, records: Records) -> KeyStore:
+    return KeyStore(SshRecords(records.db), directory=tmp_path / "worker-keys")
 
 
 @pytest.fixture
@@ -306,8 +307,38 @@ async def test_host_key_generated_for_the_vm_is_expected_before_first_contact(
         result = await run(bootstrapper(records, keys, plane), to(node))
     assert result.host_key_trust == "expected"
     assert result.host_key_fingerprint == injected.get_fingerprint("sha256")
-    assert not (keys.directory / "host_keys" / VM).exists(), "private half dropped once used"
     assert len(plane.bodies) == 1
+
+
+async def test_a_node_one_worker_created_is_bootstrapped_by_another_against_the_pin(
+    tmp_path: Path, records: Records, plane: ControlPlane
+) -> None:
+    """Worker A creates the node (injecting and pinning its host key); worker B, on another
+    host (its own database connection, no shared directory), logs in with the deployment's key
+    and verifies the node against A's pin before sending anything."""
+    deployment_key = asyncssh.generate_private_key("ssh-ed25519")
+    worker_a = KeyStore(SshRecords(records.db), client_key=deployment_key)
+    injected = worker_a.host_key_for(VM)
+    other_host = open_records(records.db.url.render_as_string(hide_password=False))
+    worker_b = KeyStore(SshRecords(other_host.db), client_key=deployment_key)
+    try:
+        async with running_asyncssh_server(
+            tmp_path / "node", host_key=injected, authorized=[worker_a.client_key()]
+        ) as node:
+            result = await run(bootstrapper(other_host, worker_b, plane), to(node))
+        [worker] = rows(records, WorkerRecord)
+        records.set_worker_state(worker.id, "revoked", JOB)  # so a new agent run is needed
+        impostor = asyncssh.generate_private_key("ssh-ed25519")
+        async with running_asyncssh_server(
+            tmp_path / "impostor", host_key=impostor, authorized=[deployment_key]
+        ) as fake:
+            refused = await failure(bootstrapper(other_host, worker_b, plane), to(fake))
+    finally:
+        other_host.db.dispose()
+    assert result.host_key_trust == "expected"
+    assert result.host_key_fingerprint == injected.get_fingerprint("sha256")
+    assert refused.type == "Failed" and impostor.get_fingerprint("sha256") in refused.message
+    assert len(plane.bodies) == 1, "nothing was sent to the impostor"
 
 
 async def test_fingerprint_reported_by_the_cloud_is_checked(

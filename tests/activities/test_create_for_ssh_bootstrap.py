@@ -1,7 +1,8 @@
 """The create activity for a provider whose nodes the core bootstraps over SSH: the node gets
 the worker's client key as its authorized key and, where the machine runs cloud-init, a host
-key generated on the worker and pinned for the VM, so bootstrap verifies the very first
-contact against a key it already knows. Nothing secret comes back out of the activity."""
+key derived on the worker and pinned for the VM (in the database, on SQLite and PostgreSQL), so
+bootstrap verifies the very first contact against a key it already knows. Nothing secret comes
+back out of the activity."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.cloud import CloudActivities, CreateInput
 from activities.ssh_keys import KeyStore
+from gpuprov.records import Records
+from gpuprov.ssh_records import SshRecords
 from providers.base import Capabilities, InstanceSpec, Offer, ResourceRequest
 from providers.fake import FakeCloud
 from tests.helpers import fast_cloud
@@ -45,9 +48,13 @@ async def create_once(cloud: RecordingCloud, keys: KeyStore, vm: str) -> list[st
     )
 
 
+@pytest.fixture
+def keys(tmp_path: Path, records: Records) -> KeyStore:
+    return KeyStore(SshRecords(records.db), directory=tmp_path / "keys")
+
+
 @pytest.mark.parametrize("cloud_init", [True, False])
-async def test_the_node_gets_the_workers_client_key(tmp_path: Path, cloud_init: bool) -> None:
-    keys = KeyStore(tmp_path / "keys")
+async def test_the_node_gets_the_workers_client_key(keys: KeyStore, cloud_init: bool) -> None:
     cloud = RecordingCloud(cloud_init)
     await create_once(cloud, keys, "j-a1-n0-abcdef")
     [spec] = cloud.created
@@ -56,9 +63,8 @@ async def test_the_node_gets_the_workers_client_key(tmp_path: Path, cloud_init: 
 
 
 async def test_a_cloud_init_node_gets_a_host_key_that_is_pinned_before_first_contact(
-    tmp_path: Path,
+    keys: KeyStore,
 ) -> None:
-    keys = KeyStore(tmp_path / "keys")
     cloud = RecordingCloud(cloud_init=True)
     vm = "j-a1-n0-abcdef"
     ids = await create_once(cloud, keys, vm)
@@ -73,8 +79,7 @@ async def test_a_cloud_init_node_gets_a_host_key_that_is_pinned_before_first_con
     await cloud.aclose()
 
 
-async def test_no_host_key_is_made_where_the_machine_runs_no_cloud_init(tmp_path: Path) -> None:
-    keys = KeyStore(tmp_path / "keys")
+async def test_no_host_key_is_made_where_the_machine_runs_no_cloud_init(keys: KeyStore) -> None:
     cloud = RecordingCloud(cloud_init=False)
     vm = "j-a1-n0-abcdef"
     await create_once(cloud, keys, vm)

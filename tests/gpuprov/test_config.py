@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import asyncssh
 import pytest
 
 from gpuprov.config import (
@@ -351,3 +352,29 @@ def test_the_api_url_is_https_once_it_has_a_certificate() -> None:
     env = {"GPUPROV_API__TLS_CERT_FILE": "/a.pem", "GPUPROV_API__TLS_KEY_FILE": "/a.key"}
     assert load_settings(env=env).api.url == "https://127.0.0.1:8080"
     assert load_settings(env={}).api.url == "http://127.0.0.1:8080"
+
+
+# ---------------------------------------------------------------- the SSH client key
+
+
+def test_the_ssh_client_key_comes_from_the_file_or_the_environment_as_a_secret(
+    tmp_path: Path,
+) -> None:
+    pem = asyncssh.generate_private_key("ssh-ed25519").export_private_key().decode()
+    ssh = load_settings(env={"GPUPROV_SSH__CLIENT_KEY": pem}).ssh
+    assert ssh.client_key is not None and ssh.client_key.get_secret_value() == pem
+    assert ssh.configured and pem not in repr(ssh) and pem.splitlines()[1] not in str(ssh)
+
+    path = write(tmp_path, '[ssh]\nclient_key_file = "/run/secrets/gpuprov-ssh-key"\n')
+    from_file = load_settings(path, env={}).ssh
+    assert from_file.client_key_file == "/run/secrets/gpuprov-ssh-key" and from_file.configured
+    assert not load_settings(env={}).ssh.configured
+
+
+def test_an_ssh_client_key_given_twice_is_rejected_without_quoting_it() -> None:
+    env = {"GPUPROV_SSH__CLIENT_KEY": "secret-key-text", "GPUPROV_SSH__CLIENT_KEY_FILE": "/k"}
+    message = config_error(env=env)
+    assert message.startswith(
+        "invalid config: ssh: Value error, give client_key or client_key_file, not both"
+    )
+    assert "secret-key-text" not in message

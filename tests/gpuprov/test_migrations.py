@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parents[2]
 INITIAL_TABLES = {"vms", "join_tokens", "cost_records", "blocks", "workers", "orphans"}
 CREDENTIAL_TABLES = {"worker_credentials", "operator_keys"}
 WORK_TABLES = {"work", "log_chunks"}
-TABLES = INITIAL_TABLES | CREDENTIAL_TABLES | WORK_TABLES
+SSH_TABLES = {"ssh_host_keys", "ssh_client_keys"}
+TABLES = INITIAL_TABLES | CREDENTIAL_TABLES | SSH_TABLES | WORK_TABLES
 
 
 def schema(db: Database) -> dict[str, Any]:
@@ -70,7 +71,7 @@ def test_upgrade_creates_exactly_the_tables(empty: Database):
 
     assert set(sa.inspect(empty.engine).get_table_names()) == TABLES | {"alembic_version"}
     assert {table.name for table in metadata.sorted_tables} == TABLES
-    assert empty.current_revision() == head() == "0004_work"
+    assert empty.current_revision() == head() == "0005_work"
     described = schema(empty)
     assert ("uq_vms_vm", ("vm",)) in described["vms"]["unique"]
     assert ("uq_blocks_scope_key", ("scope", "key")) in described["blocks"]["unique"]
@@ -82,6 +83,9 @@ def test_upgrade_creates_exactly_the_tables(empty: Database):
     assert described["worker_credentials"]["foreign_keys"] == [
         ("fk_worker_credentials_worker_id_workers", ("worker_id",), "workers")
     ]
+    assert ("uq_ssh_host_keys_vm", ("vm",)) in described["ssh_host_keys"]["unique"]
+    fingerprint = ("uq_ssh_client_keys_fingerprint", ("fingerprint",))
+    assert fingerprint in described["ssh_client_keys"]["unique"]
 
 
 def test_the_credentials_migration_upgrades_a_database_in_use_and_goes_back(empty: Database):
@@ -130,6 +134,23 @@ def test_the_workers_vm_index_comes_and_goes_with_its_migration(empty: Database)
     empty.downgrade("0002_credentials")
     indexes = {index["name"] for index in sa.inspect(empty.engine).get_indexes("workers")}
     assert "ix_workers_vm" not in indexes
+
+
+def test_the_ssh_key_tables_come_and_go_with_their_migration(empty: Database):
+    """A deployment at 0003 with a VM recorded: 0004 adds the two SSH key tables and keeps every
+    row; going back to 0003 removes exactly those tables."""
+    empty.upgrade("0003_workers_vm_index")
+    vm = {"job": "train", "node_index": 0, "attempt": 1, "vm": "train-a1-n0"}
+    Records(empty).record_vm(**vm, provider="fake", region="r", zone=None)
+    before = schema(empty)
+
+    empty.upgrade("0004_host_keys")
+
+    assert set(schema(empty)) == set(before) | SSH_TABLES
+    assert {table: schema(empty)[table] for table in before} == before
+    assert [row.vm for row in Records(empty).vms_for_job("train")] == ["train-a1-n0"]
+    empty.downgrade("0003_workers_vm_index")
+    assert schema(empty) == before
 
 
 def test_upgrading_twice_is_a_no_op(empty: Database):

@@ -16,7 +16,9 @@ WORKFLOWS_DIR = Path(__file__).resolve().parents[2] / "workflows"
 
 
 def _registered_names(client, tmp_path) -> set[str]:
+    from activities.ssh_keys import KeyStore
     from gpuprov.engine import open_records
+    from gpuprov.ssh_records import SshRecords
     from providers.fake import FakeCloud
     from tests.helpers import fast_cloud
 
@@ -28,7 +30,7 @@ def _registered_names(client, tmp_path) -> set[str]:
             {"fake": FakeCloud(fast_cloud())},
             records,
             api_url="http://127.0.0.1:9",
-            ssh_key_dir=tmp_path / "ssh",
+            ssh_keys=KeyStore(SshRecords(records.db), directory=tmp_path / "ssh"),
             ssh_bootstrap={"fake"},
         )
         return set(worker._activity_worker._activities)  # the names the worker polls for

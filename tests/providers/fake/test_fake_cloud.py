@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,7 @@ from providers.base import (
     ResourceRequest,
 )
 from providers.errors import ErrorKind, ProviderError
-from providers.fake import FakeCloud
+from providers.fake import FakeCloud, FakeCloudState
 from providers.fake.config import FakeInstanceType, FakeProviderConfig, FakeRegion, FaultRule
 from tests.helpers import eventually
 
@@ -531,3 +534,38 @@ async def test_in_memory_clouds_do_not_share_state() -> None:
     first, second = FakeCloud(config()), FakeCloud(config())
     await launch(first)
     assert await second.observe(R1, VM) == []
+
+
+def test_one_process_at_a_time_runs_an_instances_agent(tmp_path: Path) -> None:
+    """Two workers observing one booted instance must not both run its agent (the second
+    would spend the join token again); a worker killed while running it hands it on."""
+    path = str(tmp_path / "state.db")
+    first, second = FakeCloudState(path), FakeCloudState(path)  # two worker processes
+    instance = first.add_instance(
+        vm="j-a1-n0",
+        region="r1",
+        zone=None,
+        offer_id="o",
+        instance_type="gpu8",
+        boot_mode="normal",
+        api_url="http://127.0.0.1:9",
+        join_token="t",
+    )
+    exited = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    killed_worker, other_worker = int(exited.stdout), os.getppid()
+
+    assert first.claim_agent(instance, pid=killed_worker)
+    [row] = second.instances()
+    assert row.agent_state == "running"
+    assert second.claim_agent(instance, pid=other_worker), "its runner died: taken over"
+    assert not first.claim_agent(instance), "a live process runs it"
+    assert second.claim_agent(instance, pid=other_worker), "the runner itself may go on"
+    second.set_agent_state(instance, "registered")
+    assert not second.claim_agent(instance, pid=other_worker)
+    first.close()
+    second.close()

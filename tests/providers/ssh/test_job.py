@@ -17,11 +17,13 @@ from sqlmodel import select
 from temporalio.client import Client
 
 from activities.bootstrap import REMOTE_ROOT
+from activities.ssh_keys import KeyStore
 from gpuprov.api import create_app, serving
 from gpuprov.client import GpuprovClient
 from gpuprov.db import VmRecord, WorkerRecord
 from gpuprov.engine import build_worker, open_records
 from gpuprov.models import AttemptOutcome, JobState
+from gpuprov.ssh_records import SshRecords
 from providers.base import Verdict
 from providers.errors import ErrorKind
 from providers.ssh.cloud import SshMachines
@@ -94,7 +96,7 @@ async def test_a_job_fails_over_to_the_reachable_machine_registers_and_releases_
             {"ssh": machines},
             records,
             api_url=api_url,
-            ssh_key_dir=tmp_path / "worker-keys",
+            ssh_keys=KeyStore(SshRecords(records.db), directory=tmp_path / "worker-keys"),
             ssh_bootstrap={"ssh"},  # what `[providers.ssh]` gives (ssh_bootstrap defaults true)
         )
         api = create_app(records)

@@ -10,11 +10,13 @@ from pathlib import Path
 
 from temporalio.client import Client
 
+from activities.ssh_keys import KeyStore
 from gpuprov.api import create_app, serving
 from gpuprov.client import GpuprovClient
 from gpuprov.config import JobsSettings, K3sSettings
 from gpuprov.engine import build_worker, open_records
 from gpuprov.models import JobState
+from gpuprov.ssh_records import SshRecords
 from providers.ssh.cloud import SshMachines
 from providers.ssh.config import SshConfig, SshHost
 from tests.helpers import decoded_history, job, until
@@ -89,7 +91,7 @@ async def test_a_k3s_job_runs_the_server_on_node_0_and_joins_the_others(
             records,
             api_url=api_url,
             jobs=JobsSettings(k3s=k3s),
-            ssh_key_dir=tmp_path / "worker-keys",
+            ssh_keys=KeyStore(SshRecords(records.db), directory=tmp_path / "worker-keys"),
             ssh_bootstrap={"ssh"},
         )
         try:

@@ -1,7 +1,7 @@
 """The work a job runs on its nodes, and the output it prints.
 
-Revision ID: 0004_work
-Revises: 0003_workers_vm_index
+Revision ID: 0005_work
+Revises: 0004_host_keys
 Create Date: 2026-12-01
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004_work"
-down_revision = "0003_workers_vm_index"
+revision = "0005_work"
+down_revision = "0004_host_keys"
 branch_labels = None
 depends_on = None
 
