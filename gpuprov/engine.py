@@ -24,7 +24,7 @@ from activities.reconcile import ReconcileActivities
 from activities.registrations import RegistrationActivities
 from activities.ssh_keys import KeyStore
 from activities.store import StoreActivities
-from gpuprov import metrics
+from gpuprov import metrics, pem
 from gpuprov.config import (
     CodecSettings,
     ConfigError,
@@ -85,6 +85,7 @@ def build_worker(
     records: Records,
     *,
     api_url: str,
+    api_ca_pem: str | None = None,
     jobs: JobsSettings | None = None,
     skipped: dict[str, str] | None = None,
     ssh_key_dir: Path | None = None,
@@ -97,14 +98,15 @@ def build_worker(
     raises max_concurrent_activities and max_cached_workflows for 1000 concurrent jobs).
 
     With `ssh_key_dir` (the worker's SSH key directory, activities/ssh_keys.py) the worker also
-    runs the SSH bootstrap, for the providers in `ssh_bootstrap`.
+    runs the SSH bootstrap, for the providers in `ssh_bootstrap`. `api_ca_pem`: the CA nodes
+    pin for `api_url` (`[api] ca_file`), handed to every node in its user data.
 
     `sandboxed` runs workflow code in temporalio's sandbox: the default here, so every test's
     worker has the runtime guard; `running_worker` passes `[temporal] workflow_sandbox`.
     `workflows` replaces the workflow classes (a test runs changed workflow code with it)."""
     jobs = jobs or JobsSettings()
     token_ttl = timedelta(seconds=jobs.join_token_ttl_seconds)
-    enrolment = Enrolment(records, api_url, token_ttl)
+    enrolment = Enrolment(records, api_url, token_ttl, api_ca_pem)
     store = StoreActivities(records, timedelta(seconds=jobs.block_ttl_seconds))
     if ssh_bootstrap and ssh_key_dir is None:
         raise ValueError("ssh_bootstrap needs ssh_key_dir (where the worker keeps its SSH keys)")
@@ -142,6 +144,16 @@ def build_worker(
     )
 
 
+def node_ca_pem(ca_file: str | None) -> str | None:
+    """`[api] ca_file`'s certificates, checked, as the PEM text nodes pin; None without it."""
+    if ca_file is None:
+        return None
+    setting = f"api.ca_file ({ca_file})"
+    data = pem.read(setting, ca_file)
+    pem.certificates(setting, data)
+    return data.decode("ascii")
+
+
 def open_records(url: str) -> Records:
     """Connect to the database and bring its schema to the latest migration."""
     database = Database(url)
@@ -169,6 +181,7 @@ async def running_worker(client: Client, settings: Settings) -> AsyncIterator[Ru
         providers,
         records,
         api_url=settings.api.url,
+        api_ca_pem=node_ca_pem(settings.api.ca_file),
         jobs=settings.jobs,
         skipped=built.skipped,
         ssh_key_dir=Path(settings.temporal.data_dir) / "ssh",
