@@ -99,7 +99,7 @@ def build_worker(
 
     With `ssh_key_dir` (the worker's SSH key directory, activities/ssh_keys.py) the worker also
     runs the SSH bootstrap, for the providers in `ssh_bootstrap`. `api_ca_pem`: the CA nodes
-    pin for `api_url` (`[api] ca_file`), handed to every node in its user data.
+    pin for `api_url` (`[api] ca_file`), handed to every node with its join token.
 
     `sandboxed` runs workflow code in temporalio's sandbox: the default here, so every test's
     worker has the runtime guard; `running_worker` passes `[temporal] workflow_sandbox`.
@@ -114,7 +114,7 @@ def build_worker(
     over_ssh = (
         [
             *BootstrapActivities(
-                providers, keys, RecordsJoinTokens(records, token_ttl), api_url
+                providers, keys, RecordsJoinTokens(records, token_ttl), api_url, api_ca_pem
             ).all(),
             *K3sActivities(providers, keys, jobs.k3s).all(),
         ]
