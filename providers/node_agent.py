@@ -16,7 +16,8 @@ after every reboot:
                   file changed after cloud-init wrote it, or a broken decode, never runs
     ExecStart     /usr/bin/python3 -I -S <agent> run --url <api> --token-file <join.env>
                   --state-dir /var/lib/gpuprov [--ca-file <ca>]
-    Restart       on failure, every 15 s (an API that is down, a network not up yet)
+    Restart       on failure, every 15 s (an API that is down, a network not up yet), but not
+                  after the agent's exit 2 (refused for good: a used or expired token)
 
 `-I -S`: the system interpreter, isolated from PYTHON* variables, the user's site directory
 and site-packages; the agent needs nothing but the standard library. The join token is read
@@ -38,6 +39,7 @@ UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
 PYTHON = "/usr/bin/python3"
 SHA256SUM = "/usr/bin/sha256sum"
 RESTART_SECONDS = 15
+EXIT_REFUSED = 2  # gpuprov/agent.py: an error that retrying cannot fix
 
 
 @functools.cache
@@ -79,6 +81,9 @@ def unit(api_url: str, ca: bool) -> str:
             f"ExecStart={command_line(agent_argv(api_url, ca))}",
             "Restart=on-failure",
             f"RestartSec={RESTART_SECONDS}",
+            # The agent's exit 2: refused for good (a used or expired token, a CA that does not
+            # verify the API): starting it again cannot help. Exit 1 (API unreachable) retries.
+            f"RestartPreventExitStatus={EXIT_REFUSED}",
             "UMask=0077",
             "",
             "[Install]",

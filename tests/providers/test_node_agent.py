@@ -160,6 +160,7 @@ def test_cloud_init_writes_the_join_env_root_only_and_the_unit_runs_the_daemon(t
     ]
     assert TOKEN not in unit  # the token is only in the root-only file
     assert "Restart=on-failure" in unit and "WantedBy=multi-user.target" in unit
+    assert "RestartPreventExitStatus=2" in unit  # the agent's "refused for good"
 
 
 def test_a_url_systemd_would_expand_reaches_the_agent_unchanged():
@@ -185,12 +186,15 @@ async def test_the_unit_checks_the_pin_then_registers_the_node_through_the_api(t
                 tmp_path / "node",
             )
             started = await node.start(gpu_path(tmp_path / "bin"))
+            again = await node.start(gpu_path(tmp_path / "bin"))
         workers = records.workers_of_vms([VM])
     finally:
         records.db.dispose()
 
     assert started.returncode == 0, started.stderr
     assert json.loads(started.stdout)["worker_id"] == workers[VM].id
+    # The spent token is refused for good: exit 2, which the unit does not restart.
+    assert again.returncode == node_agent.EXIT_REFUSED and "used" in again.stderr
     assert len(workers[VM].capabilities["gpus"]) == 8
     credential = node.path(node_agent.STATE_DIR) / "worker-credential"
     assert credential.stat().st_mode & 0o777 == 0o600
