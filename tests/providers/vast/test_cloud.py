@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import asyncssh
 import httpx
 import pytest
 
@@ -283,6 +284,37 @@ async def test_prepare_refuses_what_vast_cannot_carry_before_anything_exists(clo
         await cloud.prepare(foreign, spec())
     assert caught.value.kind is ErrorKind.INVALID_REQUEST
     assert len(vast_api.requests) == 1  # only the plan's search
+
+
+async def test_the_largest_user_data_vast_accepts_beside_the_key_fits_its_onstart_limit(
+    cloud, vast_api
+):
+    # Vast: `onstart` (with `args`) is at most 4,096 characters (create_instance.yaml). It
+    # carries the worker's client key (the SSH bootstrap logs in with it) and the shell user
+    # data, base64; nothing of the node agent, which comes over SSH.
+    offer = await first_offer(cloud, vast_api)
+    key = asyncssh.generate_private_key("ssh-ed25519", comment="gpuprov")
+    public = key.export_public_key().decode().strip()
+
+    def node(size: int) -> InstanceSpec:
+        return spec(ssh_public_key=public, user_data="#!/bin/sh\n" + "x" * (size - 10))
+
+    async def accepted(size: int) -> bool:
+        try:
+            await cloud.prepare(offer, node(size))
+        except ProviderError:
+            return False
+        return True
+
+    low, high = 16, 4096
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if await accepted(middle) else (low, middle - 1)
+    assert low > 2500  # room for a real script beside the key
+    await cloud.create(offer, {}, node(low))
+    ((_, body),) = vast_api.created
+    assert len(body["onstart"]) <= 4096 and public in body["onstart"]
+    assert not await accepted(low + 1)
 
 
 # ------------------------------------------------------------------ observe
