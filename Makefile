@@ -33,9 +33,17 @@ $(NGINX):
 	$$([ "$$(id -u)" = 0 ] || echo sudo) sh -c 'export DEBIAN_FRONTEND=noninteractive; \
 		apt-get install -y nginx || { apt-get update && apt-get install -y nginx; }'
 
+# The user data tests read every cloud's generated user data with cloud-init itself (its
+# `cloud-init schema` validator and its Python package, tests/cloudinit.py). Installed only
+# where missing.
+CLOUD_INIT := /usr/bin/cloud-init
+$(CLOUD_INIT):
+	$$([ "$$(id -u)" = 0 ] || echo sudo) sh -c 'export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y cloud-init || { apt-get update && apt-get install -y cloud-init; }'
+
 # Two test processes (pytest-xdist), one per core: the suite waits on servers and subprocesses
 # as much as it computes. Each process has its own Temporal dev server and PostgreSQL.
-test: $(STAMP) $(SSHD) $(NGINX)
+test: $(STAMP) $(SSHD) $(NGINX) $(CLOUD_INIT)
 	$(BIN)/pytest -q -n 2
 
 # A job bootstrapped over real SSH on this machine: a throwaway OpenSSH sshd on loopback

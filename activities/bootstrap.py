@@ -11,10 +11,13 @@ join over SSH:
    fingerprint the cloud reported must all match; with none of them the first key seen is
    pinned before anything is sent;
 3. mint a fresh join token for the VM (only its SHA-256 is stored; any earlier unused token of
-   the VM stops working), upload gpuprov/agent.py and run it with the token written to its
-   stdin over the SSH channel: never on a command line (`ps`), in the environment, a file, a
-   log line, an activity input or result (Temporal history), nor in shell history (no
-   interactive shell is involved).
+   the VM stops working), upload gpuprov/agent.py (and the API's CA, with `[api] ca_file`)
+   and run `agent.py register` with the token written to its stdin over the SSH channel:
+   never on a command line (`ps`), in the environment, a file, a log line, an activity input
+   or result (Temporal history), nor in shell history (no interactive shell is involved);
+4. once it registered, start `agent.py run` in the background in the same session (detached,
+   output to agent.log beside it): the daemon that heartbeats with the credential `register`
+   stored. It outlives the session, not a restart of the machine or container.
 
 Failures are classified: a host key that does not match, a node that never lets us in before
 its boot timeout, or an agent that fails are Failed (tear down, next offer); a connection lost
@@ -29,7 +32,6 @@ import shlex
 import time
 from collections.abc import Awaitable
 from datetime import timedelta
-from importlib import resources
 from typing import Literal, Protocol, runtime_checkable
 
 import asyncssh
@@ -47,6 +49,7 @@ from activities.ssh_keys import (
     parse_public_key,
 )
 from gpuprov.records import Records
+from providers import node_agent
 from providers.base import CloudProvider, Model, SshEndpoint
 from providers.errors import ErrorKind, ProviderError
 from providers.ssh_common import AGENT_FILE, output_tail, output_text, remote_dir
@@ -54,6 +57,8 @@ from providers.ssh_common import REMOTE_ROOT as REMOTE_ROOT  # re-exported (test
 
 # On the node, everything the agent needs lives in remote_dir(vm), "$HOME/.gpuprov/<vm>/" of the
 # login user (providers/ssh_common.py); the ssh provider's cleanup removes exactly that.
+CA_FILE = "api-ca.pem"  # beside the agent: the API's CA it pins (--ca-file)
+AGENT_LOG = "agent.log"  # the heartbeat daemon's output
 AGENT_TIMEOUT = 300.0  # seconds for the agent to probe and register (its own retries included)
 INSTALL_TIMEOUT = 60.0
 POLL_INTERVAL = 2.0
@@ -137,12 +142,14 @@ class BootstrapActivities:
         keys: KeyStore,
         tokens: JoinTokens,
         api_url: str,
+        api_ca_pem: str | None = None,
         agent_timeout: float = AGENT_TIMEOUT,
     ) -> None:
         self._providers = providers
         self._keys = keys
         self._tokens = tokens
         self._api_url = api_url
+        self._api_ca_pem = api_ca_pem  # the CA the agent pins for the API (`[api] ca_file`)
         self._agent_timeout = agent_timeout
 
     def all(self) -> list[object]:
@@ -179,7 +186,12 @@ class BootstrapActivities:
                     token = await asyncio.to_thread(self._mint, request.vm)
                     stdout = await _guarded(
                         upload_and_start_agent(
-                            connection, request.vm, self._api_url, token, self._agent_timeout
+                            connection,
+                            request.vm,
+                            self._api_url,
+                            token,
+                            self._agent_timeout,
+                            self._api_ca_pem,
                         ),
                         token,
                     )
@@ -220,21 +232,28 @@ class BootstrapActivities:
 
 def agent_source() -> bytes:
     """The node agent: one standard-library file (gpuprov/agent.py)."""
-    return resources.files("gpuprov").joinpath("agent.py").read_bytes()
+    return node_agent.agent_source()
 
 
-def install_command(vm: str) -> str:
-    """Receive the agent on stdin into a private directory (written aside, then renamed)."""
+def install_command(vm: str, name: str = AGENT_FILE) -> str:
+    """Receive a file on stdin into the VM's private directory (written aside, then renamed)."""
     directory = remote_dir(vm)
     return (
-        f"umask 077 && mkdir -p {directory} && cat > {directory}/{AGENT_FILE}.part"
-        f" && mv -f {directory}/{AGENT_FILE}.part {directory}/{AGENT_FILE}"
+        f"umask 077 && mkdir -p {directory} && cat > {directory}/{name}.part"
+        f" && mv -f {directory}/{name}.part {directory}/{name}"
     )
 
 
-def start_command(vm: str, api_url: str) -> str:
-    """Run the agent; it reads its join token from stdin. The command line holds no secret."""
-    return f"exec python3 {remote_dir(vm)}/{AGENT_FILE} register --url {shlex.quote(api_url)}"
+def start_command(vm: str, api_url: str, ca: bool = False) -> str:
+    """Register (the agent reads its join token from stdin), then start the heartbeat daemon
+    detached from the session. The command line holds no secret."""
+    directory = remote_dir(vm)
+    agent = f"python3 -I -S {directory}/{AGENT_FILE}"
+    options = f"--url {shlex.quote(api_url)}" + (f" --ca-file {directory}/{CA_FILE}" if ca else "")
+    daemon = f"{agent} run {options} --state-dir {directory}"
+    detached = f"nohup {daemon} < /dev/null >> {directory}/{AGENT_LOG} 2>&1 &"
+    setsid = "$(command -v setsid)"  # a session of its own where the image has setsid
+    return f"{agent} register {options} && {{ {setsid} {detached} }}"
 
 
 async def upload_and_start_agent(
@@ -243,23 +262,27 @@ async def upload_and_start_agent(
     api_url: str,
     token: str,
     timeout: float = AGENT_TIMEOUT,
+    ca_pem: str | None = None,
 ) -> str:
-    """Copy the agent to the node and run it with `token` on its stdin; its stdout on success.
+    """Copy the agent (and the API's CA) to the node and run it with `token` on its stdin; its
+    stdout on success.
 
     The one place that knows how the agent is installed and started: adjust it here when the
     agent's interface changes."""
-    installed = await connection.run(
-        install_command(vm), input=agent_source(), encoding=None, timeout=INSTALL_TIMEOUT
-    )
-    if installed.exit_status != 0:
-        raise ProviderError(
-            ErrorKind.FAILED,
-            f"cannot install the agent on {vm} (exit {installed.exit_status}): "
-            f"{_said(installed.stderr)}",
+    files = [(AGENT_FILE, agent_source())] + ([(CA_FILE, ca_pem.encode())] if ca_pem else [])
+    for name, content in files:
+        installed = await connection.run(
+            install_command(vm, name), input=content, encoding=None, timeout=INSTALL_TIMEOUT
         )
+        if installed.exit_status != 0:
+            raise ProviderError(
+                ErrorKind.FAILED,
+                f"cannot install {name} on {vm} (exit {installed.exit_status}): "
+                f"{_said(installed.stderr)}",
+            )
     try:
         started = await connection.run(
-            start_command(vm, api_url), input=token + "\n", timeout=timeout
+            start_command(vm, api_url, ca_pem is not None), input=token + "\n", timeout=timeout
         )
     except asyncssh.TimeoutError:
         raise ProviderError(

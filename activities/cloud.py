@@ -176,7 +176,8 @@ class CloudActivities:
         provider = self._provider(request.offer.provider)
         async with _beating():
             with scrubbed(provider, spec=request.spec):
-                return await provider.prepare(request.offer, request.spec)
+                spec = await asyncio.to_thread(self._keyed, request.offer.provider, request.spec)
+                return await provider.prepare(request.offer, spec)
 
     @activity.defn(name="create")
     async def create(self, request: CreateInput) -> list[str]:
@@ -200,7 +201,8 @@ class CloudActivities:
             if adopted is not None:
                 return adopted
             with scrubbed(provider, "prepare", spec):
-                prepared = await provider.prepare(request.offer, spec)
+                keyed = await asyncio.to_thread(self._keyed, request.offer.provider, spec)
+                prepared = await provider.prepare(request.offer, keyed)
             create = CreateInput(offer=request.offer, prepared=prepared, spec=spec)
             return await self._create_once(create, provider, spec, step="create", adopt=False)
 
@@ -247,14 +249,25 @@ class CloudActivities:
     ) -> list[Observed] | None:
         return await _observe_tolerating_transient(self._observe_hub, provider, request, interval)
 
+    def _keyed(self, provider: str, spec: InstanceSpec) -> InstanceSpec:
+        """The spec prepare gets: with the worker's client key where the core bootstraps the
+        provider's nodes over SSH, so a cloud that registers keys in prepare (Prime's account
+        keys, EC2 key pairs, Lambda's per-VM key) registers the one bootstrap logs in with."""
+        if provider not in self._ssh_bootstrap or spec.ssh_public_key:
+            return spec
+        assert self._keys is not None  # build_worker pairs ssh_bootstrap with a key store
+        return spec.model_copy(update={"ssh_public_key": self._keys.client_public_key()})
+
     def _for_ssh_bootstrap(self, spec: InstanceSpec, cloud_init: bool) -> InstanceSpec:
         """What a node the core bootstraps over SSH needs: the worker's client key as its
         authorized key and, where the machine runs cloud-init, a host key derived for the VM
         and pinned, so bootstrap knows the key before first contact. The private host key
-        lives only in this spec's user data (never stored, returned, or in history)."""
+        lives only in this spec's user data (never stored, returned, or in history). No join
+        token: bootstrap hands the agent its own over SSH, so the cloud never holds one (and no
+        agent installed from user data races it)."""
         assert self._keys is not None  # build_worker pairs ssh_bootstrap with a key store
         client_key = spec.ssh_public_key or self._keys.client_public_key()
-        update: dict[str, Any] = {"ssh_public_key": client_key}
+        update: dict[str, Any] = {"ssh_public_key": client_key, "bootstrap": None}
         if cloud_init and spec.user_data is None:
             host_key = self._keys.host_key_for(spec.vm)
             update["user_data"] = host_key_cloud_config(host_key, [client_key])

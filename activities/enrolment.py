@@ -15,10 +15,13 @@ from providers.base import InstanceSpec, NodeBootstrap, Offer
 
 
 class Enrolment:
-    def __init__(self, records: Records, api_url: str, token_ttl: timedelta) -> None:
+    def __init__(
+        self, records: Records, api_url: str, token_ttl: timedelta, api_ca_pem: str | None = None
+    ) -> None:
         self._records = records
         self._api_url = api_url
         self._token_ttl = token_ttl
+        self._api_ca_pem = api_ca_pem  # the CA nodes pin for the API, if it has a private one
 
     def record_and_mint(self, offer: Offer, spec: InstanceSpec) -> InstanceSpec:
         """Record the VM row (idempotent) and return the spec carrying a fresh join token."""
@@ -32,7 +35,7 @@ class Enrolment:
             zone=offer.zone,
         )
         token = self._records.mint_token(vm=spec.vm, ttl=self._token_ttl)
-        bootstrap = NodeBootstrap(api_url=self._api_url, join_token=token)
+        bootstrap = NodeBootstrap(api_url=self._api_url, join_token=token, ca_pem=self._api_ca_pem)
         return spec.model_copy(update={"bootstrap": bootstrap})
 
     def created(self, vm: str, instance_ids: list[str]) -> None:

@@ -181,11 +181,17 @@ class ApiSettings(Model):
     # plain HTTP (behind a TLS-terminating proxy, or on a private network).
     tls_cert_file: str | None = None
     tls_key_file: str | None = None
+    # The CA (PEM) that signed the certificate nodes see at `url`, where it is a private one:
+    # every node gets it (user data, or the SSH bootstrap) and its agent pins it (--ca-file).
+    # Without it nodes trust their system's CAs.
+    ca_file: str | None = None
 
     @model_validator(mode="after")
     def _cert_and_key_together(self) -> ApiSettings:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file go together (HTTPS)")
+        if self.ca_file is not None and not self.url.startswith("https://"):
+            raise ValueError(f"ca_file pins the CA of an https API, but nodes use {self.url}")
         return self
 
     @property

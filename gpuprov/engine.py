@@ -30,7 +30,7 @@ from activities.registrations import RegistrationActivities
 from activities.ssh_keys import KeyFileError, KeyStore, carry_over_pins, read_client_key
 from activities.store import StoreActivities
 from activities.work import WorkActivities
-from gpuprov import metrics
+from gpuprov import metrics, pem
 from gpuprov.config import (
     CodecSettings,
     ConfigError,
@@ -103,6 +103,7 @@ def build_worker(
     records: Records,
     *,
     api_url: str,
+    api_ca_pem: str | None = None,
     jobs: JobsSettings | None = None,
     skipped: dict[str, str] | None = None,
     ssh_keys: KeyStore | None = None,
@@ -115,14 +116,15 @@ def build_worker(
     raises max_concurrent_activities and max_cached_workflows for 1000 concurrent jobs).
 
     With `ssh_keys` (the worker's SSH keys, activities/ssh_keys.py; `open_key_store`) the
-    worker also runs the SSH bootstrap, for the providers in `ssh_bootstrap`.
+    worker also runs the SSH bootstrap, for the providers in `ssh_bootstrap`. `api_ca_pem`: the
+    CA nodes pin for `api_url` (`[api] ca_file`), handed to every node with its join token.
 
     `sandboxed` runs workflow code in temporalio's sandbox: the default here, so every test's
     worker has the runtime guard; `running_worker` passes `[temporal] workflow_sandbox`.
     `workflows` replaces the workflow classes (a test runs changed workflow code with it)."""
     jobs = jobs or JobsSettings()
     token_ttl = timedelta(seconds=jobs.join_token_ttl_seconds)
-    enrolment = Enrolment(records, api_url, token_ttl)
+    enrolment = Enrolment(records, api_url, token_ttl, api_ca_pem)
     store = StoreActivities(records, timedelta(seconds=jobs.block_ttl_seconds))
     if ssh_bootstrap and ssh_keys is None:
         raise ValueError("ssh_bootstrap needs ssh_keys (the worker's SSH client key and pins)")
@@ -130,7 +132,7 @@ def build_worker(
     over_ssh = (
         [
             *BootstrapActivities(
-                providers, keys, RecordsJoinTokens(records, token_ttl), api_url
+                providers, keys, RecordsJoinTokens(records, token_ttl), api_url, api_ca_pem
             ).all(),
             *K3sActivities(providers, keys, jobs.k3s).all(),
         ]
@@ -159,6 +161,16 @@ def build_worker(
         ],
         **worker_options,
     )
+
+
+def node_ca_pem(ca_file: str | None) -> str | None:
+    """`[api] ca_file`'s certificates, checked, as the PEM text nodes pin; None without it."""
+    if ca_file is None:
+        return None
+    setting = f"api.ca_file ({ca_file})"
+    data = pem.read(setting, ca_file)
+    pem.certificates(setting, data)
+    return data.decode("ascii")
 
 
 def open_records(url: str) -> Records:
@@ -291,6 +303,7 @@ async def running_worker(
             providers,
             records,
             api_url=settings.api.url,
+            api_ca_pem=node_ca_pem(settings.api.ca_file),
             jobs=settings.jobs,
             skipped=built.skipped,
             ssh_keys=keys,

@@ -117,6 +117,9 @@ class NodeBootstrap(Model):
 
     api_url: str
     join_token: str = Field(repr=False)
+    # PEM of the CA that signed the API's certificate, where it has a private one (`[api]
+    # ca_file`): the node pins it (the agent's --ca-file). Public, but it travels with the rest.
+    ca_pem: str | None = None
 
 
 class InstanceSpec(Model):

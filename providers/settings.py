@@ -42,6 +42,17 @@ class ProviderSettings(Model):
         return [value for value in _secrets_in(self) if value]
 
 
+def agent_only_over_ssh(ssh_bootstrap: bool, why: str) -> bool:
+    """For a cloud whose machines take no user data the core can use: the node agent reaches
+    them only over SSH, so `ssh_bootstrap` stays on (off, no node could ever register)."""
+    if not ssh_bootstrap:
+        raise ValueError(
+            f"ssh_bootstrap cannot be false here: {why}, so the node agent reaches them only "
+            "over SSH, and a job is ready only once every node's agent has registered"
+        )
+    return ssh_bootstrap
+
+
 def _secrets_in(value: object) -> Iterator[str]:
     if isinstance(value, SecretStr):
         yield value.get_secret_value().strip()

@@ -4,9 +4,11 @@ Shared by the adapters whose clouds boot with cloud-init user data: aws (RunInst
 `UserData`), gce (the `user-data` metadata value), lambda (the launch body's `user_data`). Each
 passes its cloud's size limit and name; everything else is the same on every cloud:
 
-- The bootstrap (API URL, single-use join token, the VM's name) becomes a cloud-config that
-  writes `/etc/gpuprov/join.env` (root:root, 0600), the env file the node agent reads with
-  `--token-file` (gpuprov/agent.py).
+- The bootstrap (API URL, single-use join token, the VM's name, the API's CA if it has a
+  private one) becomes a cloud-config that installs and starts the node agent
+  (providers/node_agent.py): the agent itself, `/etc/gpuprov/join.env` (root:root, 0600, the
+  env file the agent reads with `--token-file`), the CA, and a systemd unit that checks the
+  agent's pinned SHA-256 before every start.
 - The spec's own user data, alone, goes to the cloud untouched.
 - With a bootstrap, the result is a MIME multi-part archive (the spec's own first, then the
   bootstrap, whose `merge_how` appends its write_files to any the spec's cloud-config has),
@@ -15,7 +17,9 @@ passes its cloud's size limit and name; everything else is the same on every clo
 - The same spec always gives byte-identical user data: the MIME boundary is derived from the
   content, never random. EC2 needs this (a retried RunInstances with the same ClientToken but
   other user data fails with IdempotentParameterMismatch); elsewhere retries stay comparable.
-- Past the cloud's limit, or not UTF-8 text: InvalidRequest, naming sizes only.
+- Past the cloud's limit, or not UTF-8 text: InvalidRequest, naming sizes only. Where the
+  cloud takes bytes (EC2), `compressed_user_data` gzips a document that is over the limit
+  (deterministically): cloud-init decompresses gzip user data before anything else.
 
 The result holds a secret (the join token): it goes into the cloud's create request and nowhere
 else, never into a log line, an exception, a return value or Offer.detail.
@@ -23,15 +27,18 @@ else, never into a log line, an exception, a return value or Offer.detail.
 
 from __future__ import annotations
 
+import base64
+import gzip
 import hashlib
 import json
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
 
+from providers import node_agent
 from providers.base import InstanceSpec
 from providers.errors import ErrorKind, ProviderError
+from providers.node_agent import JOIN_ENV_PATH as JOIN_ENV_PATH  # re-exported (tests)
 
-JOIN_ENV_PATH = "/etc/gpuprov/join.env"
 # cloud-init's first-line markers -> the MIME subtype of that part (text/<subtype>). Longer
 # markers first: "#cloud-config-archive" also starts with "#cloud-config".
 MARKERS = (
@@ -43,48 +50,99 @@ MARKERS = (
     ("#include", "x-include-url"),
     ("#!", "x-shellscript"),
 )
+# Each part's lists are appended to, and its tables merged into, those of the parts before it.
+MERGE_HOW = [
+    {"name": "list", "settings": ["append"]},
+    {"name": "dict", "settings": ["no_replace", "recurse_list"]},
+]
 
 
 def user_data(spec: InstanceSpec, *, max_bytes: int, cloud: str) -> str | None:
     """The user data to create `spec` with, or None when there is nothing to pass.
 
     InvalidRequest when it exceeds `max_bytes` (UTF-8), `cloud`'s limit, or is not UTF-8 text."""
+    document = _document(spec)
+    if document is None:
+        return None
+    _fits(len(_utf8(document, spec.vm)), max_bytes, cloud, spec.vm)
+    return document
+
+
+def compressed_user_data(spec: InstanceSpec, *, max_bytes: int, cloud: str) -> bytes | None:
+    """As `user_data`, as bytes, for a cloud whose limit counts raw bytes and that passes them
+    to cloud-init unchanged (EC2): gzip-compressed when the plain document is over `max_bytes`.
+    cloud-init reads gzip user data on every data source ("Compression" in its user-data
+    formats); the same document always gives the same bytes (no timestamp in the header)."""
+    document = _document(spec)
+    if document is None:
+        return None
+    raw = _utf8(document, spec.vm)
+    if len(raw) > max_bytes:
+        raw = gzip.compress(raw, compresslevel=9, mtime=0)
+    _fits(len(raw), max_bytes, cloud, spec.vm)
+    return raw
+
+
+def _document(spec: InstanceSpec) -> str | None:
     own = spec.user_data or None
     if own is not None:
         _utf8(own, spec.vm)
     if spec.bootstrap is None:
-        document = own
-    else:
-        # The bootstrap part goes last and says how to merge: cloud-init merges each part onto
-        # the ones before it, by default replacing lists, so a spec whose own cloud-config has
-        # write_files would otherwise drop (or be dropped by) join.env.
-        document = _multipart([*([own] if own else []), bootstrap_cloud_config(spec)])
-    if document is None:
-        return None
-    size = len(_utf8(document, spec.vm))
+        return own
+    # The bootstrap part goes last and says how to merge: cloud-init merges each part onto
+    # the ones before it, by default replacing lists, so a spec whose own cloud-config has
+    # write_files or runcmd would otherwise drop (or be dropped by) the agent's.
+    return _multipart([*([own] if own else []), bootstrap_cloud_config(spec)])
+
+
+def _fits(size: int, max_bytes: int, cloud: str, vm: str) -> None:
     if size > max_bytes:
         raise ProviderError(
             ErrorKind.INVALID_REQUEST,
-            f"user data of {spec.vm} is {size} bytes; {cloud} accepts at most {max_bytes}",
+            f"user data of {vm} is {size} bytes; {cloud} accepts at most {max_bytes}",
         )
-    return document
 
 
 def bootstrap_cloud_config(spec: InstanceSpec) -> str:
-    """The cloud-config that writes the node's join.env (holds the join token)."""
+    """The cloud-config that installs and starts the node agent (holds the join token)."""
     assert spec.bootstrap is not None
+    boot = spec.bootstrap
+    if any(not ch.isprintable() or ch.isspace() for ch in boot.api_url):
+        raise ProviderError(
+            ErrorKind.INVALID_REQUEST,
+            "the API URL for nodes has whitespace or a control character: fix [api] public_url",
+        )
     env = (
-        f"GPUPROV_API_URL={spec.bootstrap.api_url}\n"
-        f"GPUPROV_JOIN_TOKEN={spec.bootstrap.join_token}\n"
+        f"GPUPROV_API_URL={boot.api_url}\n"
+        f"GPUPROV_JOIN_TOKEN={boot.join_token}\n"
         f"GPUPROV_VM={spec.vm}\n"
     )
-    write = {"path": JOIN_ENV_PATH, "permissions": "0600", "owner": "root:root", "content": env}
-    merge_how = [
-        {"name": "list", "settings": ["append"]},
-        {"name": "dict", "settings": ["no_replace", "recurse_list"]},
+    files = [
+        _file(JOIN_ENV_PATH, "0600", content=env),
+        _file(
+            node_agent.AGENT_PATH,
+            "0644",
+            content=base64.b64encode(gzip.compress(node_agent.agent_source(), mtime=0)).decode(),
+            encoding="gz+b64",
+        ),
+        _file(
+            node_agent.UNIT_PATH, "0644", content=node_agent.unit(boot.api_url, bool(boot.ca_pem))
+        ),
     ]
+    if boot.ca_pem:
+        files.append(_file(node_agent.CA_PATH, "0644", content=boot.ca_pem))
+    runcmd = [
+        ["systemctl", "daemon-reload"],
+        # --no-block: runcmd runs inside cloud-final; the unit must not wait for it.
+        ["systemctl", "enable", "--now", "--no-block", node_agent.UNIT_NAME],
+    ]
+    document = {"merge_how": MERGE_HOW, "write_files": files, "runcmd": runcmd}
     # JSON is valid YAML: no hand-written quoting of the token or URL, whatever they hold.
-    return "#cloud-config\n" + json.dumps({"merge_how": merge_how, "write_files": [write]})
+    return "#cloud-config\n" + json.dumps(document)
+
+
+def _file(path: str, permissions: str, **fields: str) -> dict[str, str]:
+    return {"path": path, "permissions": permissions, "owner": "root:root", **fields}
 
 
 def part_subtype(text: str) -> str:

@@ -87,9 +87,9 @@ def test_a_second_worker_with_a_key_of_its_own_refuses_to_start_in_one_line(
     second = start(write_config(tmp_path, "second", client, task_queue), second_log)
     assert second.wait(120) == 2
     output = second_log.read_text().strip().splitlines()
-    errors = [line for line in output if " ERROR " in line]
+    errors = [line for line in output if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0] == output[-1], output
-    assert errors[0].split(" ERROR ", 1)[1].startswith("ssh.client_key is not set")
+    assert errors[0].removeprefix("error: ").startswith("ssh.client_key is not set")
     assert not [line for line in output if STARTED in line]
 
 

@@ -11,7 +11,8 @@ Primitive -> EC2 API calls (region = the offer's or location's region):
   `...Duplicate` is success (providers/aws/resources.py).
 - create: one RunInstances, with ClientToken derived from the VM identity and attempt (a
   retry with the same parameters launches nothing new), tags gpuprov-vm=<vm> and
-  Name=gpuprov-<vm> on the instance and its volumes, the bootstrap as user data.
+  Name=gpuprov-<vm> on the instance and its volumes, and user data that installs and starts
+  the node agent (providers/userdata.py; gzip-compressed when over EC2's 16 KB).
 - observe: DescribeInstances, Filters tag:gpuprov-vm=<vm> and instance-state-name not terminated.
 - observe_region: DescribeInstances, Filters tag-key=gpuprov-vm and the same states (paginated).
 - sweep_regions: the configured regions (no call).
@@ -54,7 +55,7 @@ from providers.base import (
 )
 from providers.errors import ErrorKind, ProviderError, redact
 from providers.settings import capabilities_from
-from providers.userdata import user_data
+from providers.userdata import compressed_user_data
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,8 @@ class AwsCloud(CloudProvider):
         self._catalogues: dict[str, tuple[float, Catalogue]] = {}
 
     def capabilities(self) -> Capabilities:
-        return capabilities_from(self.config, cloud_init=True)
+        # node_agent: the user data installs the agent as a systemd service (providers/userdata.py).
+        return capabilities_from(self.config, node_agent=True, cloud_init=True)
 
     async def aclose(self) -> None:
         await self._api.aclose()
@@ -282,7 +284,8 @@ class AwsCloud(CloudProvider):
         else:
             # A node that powers itself off is gone, not a stopped machine still billing EBS.
             params["InstanceInitiatedShutdownBehavior"] = "terminate"
-        document = user_data(spec, max_bytes=MAX_USER_DATA_BYTES, cloud="EC2")
+        # Bytes: botocore base64-encodes them; gzip-compressed past EC2's limit.
+        document = compressed_user_data(spec, max_bytes=MAX_USER_DATA_BYTES, cloud="EC2")
         if document is not None:
             params["UserData"] = document
         return params

@@ -99,7 +99,8 @@ class GceCloud(CloudProvider):
         self.prices = PriceBook(self.client, config.billing_base_url, config.price_cache_seconds)
 
     def capabilities(self) -> Capabilities:
-        return capabilities_from(self.config, cloud_init=True)
+        # node_agent: the user data installs the agent as a systemd service (providers/userdata.py).
+        return capabilities_from(self.config, node_agent=True, cloud_init=True)
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -107,7 +107,10 @@ class LambdaCloud(CloudProvider):
         )
 
     def capabilities(self) -> Capabilities:
-        return capabilities_from(self.config, unsupported=["spot"], cloud_init=True)
+        # node_agent: the user data installs the agent as a systemd service (providers/userdata.py).
+        return capabilities_from(
+            self.config, unsupported=["spot"], node_agent=True, cloud_init=True
+        )
 
     async def aclose(self) -> None:
         await self._client.aclose()

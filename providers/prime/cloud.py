@@ -30,8 +30,9 @@ Primitive -> API calls (paths exactly as in the vendor OpenAPI document; base
 - diagnose: the contract's default, from observe.
 
 Prime cannot run user data or a boot script, so `spec.user_data` is refused (Unavailable for
-the whole provider) and the node bootstrap is not delivered (`node_agent` stays False). Errors
-are classified in errors.py.
+the whole provider) and `spec.bootstrap` is not delivered by create: the node agent reaches the
+pod over SSH (`ssh_bootstrap`, always on), started by the core with a fresh token on its stdin
+(activities/bootstrap.py). Errors are classified in errors.py.
 """
 
 from __future__ import annotations
@@ -106,7 +107,8 @@ class PrimeCloud(CloudProvider):
         self._client = PrimeClient(config.base_url, key, config.request_timeout, transport)
 
     def capabilities(self) -> Capabilities:
-        return capabilities_from(self.config, unsupported=["user_data"])
+        # node_agent: started over SSH by the core (the section's ssh_bootstrap is always on).
+        return capabilities_from(self.config, unsupported=["user_data"], node_agent=True)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from providers.settings import ApiKeySettings
+from providers.settings import ApiKeySettings, agent_only_over_ssh
 
 DEFAULT_BASE_URL = "https://api.primeintellect.ai"
 DEFAULT_IMAGE = "ubuntu_22_cuda_12"
@@ -59,3 +59,12 @@ class PrimeConfig(ApiKeySettings):
     poll_interval: float = Field(default=15.0, gt=0)
     request_timeout: float = Field(default=30.0, gt=0)  # seconds per HTTP call
     max_pages: int = Field(default=50, ge=1)  # pages of 100 per listing before giving up
+
+    # The node agent is started over SSH once the machine runs (activities/bootstrap.py):
+    # Prime Intellect pods take no user data. Always on.
+    ssh_bootstrap: bool = True
+
+    @field_validator("ssh_bootstrap")
+    @classmethod
+    def _agent_over_ssh(cls, value: bool) -> bool:
+        return agent_only_over_ssh(value, "Prime Intellect pods take no user data")

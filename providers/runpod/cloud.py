@@ -26,7 +26,9 @@ Primitive -> RunPod calls (base `https://api.runpod.io`, `Authorization: Bearer 
 Errors are classified in providers/runpod/errors.py (documented detail phrases, then status).
 Not delivered: `InstanceSpec.user_data` and `bootstrap` (RunPod pods have no user data, and a
 pod's env is readable by anyone holding the account's API key, so a join token never goes
-there).
+there). The node agent reaches the pod over SSH instead (`ssh_bootstrap`, always on): the core
+logs in with the key create put in `PUBLIC_KEY` and starts the agent with a fresh token on its
+stdin (activities/bootstrap.py).
 """
 
 from __future__ import annotations
@@ -77,7 +79,8 @@ class RunPodCloud(CloudProvider):
         self._client = client
 
     def capabilities(self) -> Capabilities:
-        return capabilities_from(self.config, unsupported=["spot", "user_data"])
+        # node_agent: started over SSH by the core (the section's ssh_bootstrap is always on).
+        return capabilities_from(self.config, unsupported=["spot", "user_data"], node_agent=True)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -20,7 +20,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
 
-from providers.settings import ApiKeySettings
+from providers.settings import ApiKeySettings, agent_only_over_ssh
 
 CloudType = Literal["SECURE", "COMMUNITY"]
 
@@ -52,6 +52,15 @@ class RunPodConfig(ApiKeySettings):
     delete_timeout: float = Field(default=300.0, gt=0)
     poll_interval: float = Field(default=10.0, gt=0)  # RunPod documents 60 requests/minute
     request_timeout: float = Field(default=30.0, gt=0)  # one HTTP call
+
+    # The node agent is started over SSH once the machine runs (activities/bootstrap.py):
+    # RunPod pods take no user data. Always on.
+    ssh_bootstrap: bool = True
+
+    @field_validator("ssh_bootstrap")
+    @classmethod
+    def _agent_over_ssh(cls, value: bool) -> bool:
+        return agent_only_over_ssh(value, "RunPod pods take no user data")
 
     @field_validator("base_url")
     @classmethod

@@ -12,12 +12,14 @@ Primitive -> Vast API call (base https://console.vast.ai, `Authorization: Bearer
   (a #cloud-config user_data, an onstart script over 4,096 characters, a node beyond the
   offer's `ask_ids`) before anything exists.
 - create: PUT /api/v0/asks/{ask id}/ with `label = gpuprov-<vm>`, image, disk, runtype
-  ssh_direct (or ssh_proxy), `cancel_unavail`, the SSH key and user data as `onstart`, the
-  bootstrap as `env` -> `new_contract` (the instance id). Vast has no idempotency key: a retried
-  create is made safe by the core observing the label first and adopting what it finds. An
-  answer with `success: false` beside a `new_contract` made an instance anyway: it is destroyed
-  (DELETE /api/v0/instances/{id}/) and the call fails as Failed; should that destroy fail too,
-  the core's teardown still finds the instance by its label.
+  ssh_direct (or ssh_proxy), `cancel_unavail`, the SSH key and user data as `onstart` ->
+  `new_contract` (the instance id). The join token is never sent (env and onstart are
+  readable through the API): the core starts the node agent over SSH (`ssh_bootstrap`).
+  Vast has no idempotency key: a retried create is made safe by the core observing the label
+  first and adopting what it finds. An answer with `success: false` beside a `new_contract`
+  made an instance anyway: it is destroyed (DELETE /api/v0/instances/{id}/) and the call fails
+  as Failed; should that destroy fail too, the core's teardown still finds the instance by its
+  label.
 - observe: GET /api/v1/instances/?select_filters={"label":{"eq":"gpuprov-<vm>"}}, every page.
 - observe_region: GET /api/v1/instances/ (every page), keeping labels that start `gpuprov-`.
   Ids and labels are account-wide on Vast, so both look at the whole account whatever region
@@ -75,7 +77,8 @@ class VastCloud(CloudProvider):
         self._taken = TakenListings()
 
     def capabilities(self) -> Capabilities:
-        return capabilities_from(self.config, unsupported=["spot"])
+        # node_agent: started over SSH by the core (the section's ssh_bootstrap is always on).
+        return capabilities_from(self.config, unsupported=["spot"], node_agent=True)
 
     async def aclose(self) -> None:
         await self._client.aclose()

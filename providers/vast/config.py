@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from providers.base import Model
-from providers.settings import ApiKeySettings
+from providers.settings import ApiKeySettings, agent_only_over_ssh
 
 # Vast's own names for the GPUs a job most often asks for, keyed by the asked model with case,
 # spaces, dashes and underscores removed. The offer search filters `gpu_name` by exact name, so
@@ -80,6 +80,18 @@ class VastConfig(ApiKeySettings):
     delete_timeout: float = Field(default=300.0, gt=0)
     poll_interval: float = Field(default=15.0, gt=0)
     min_intervals: VastMinIntervals = Field(default_factory=VastMinIntervals)
+
+    # The node agent is started over SSH once the machine runs (activities/bootstrap.py): what
+    # a container is given (env, onstart) is readable through Vast's API, so no join token
+    # goes there. Always on.
+    ssh_bootstrap: bool = True
+
+    @field_validator("ssh_bootstrap")
+    @classmethod
+    def _agent_over_ssh(cls, value: bool) -> bool:
+        return agent_only_over_ssh(
+            value, "a Vast container's env and onstart are readable through Vast's API"
+        )
 
     def gpu_name_table(self) -> dict[str, list[str]]:
         """DEFAULT_GPU_NAMES with this section's `gpu_names` laid over it."""

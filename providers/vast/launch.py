@@ -2,7 +2,7 @@
 
 Field names and limits are from Vast's OpenAPI files (search_offers.yaml, create_instance.yaml):
 `order` must hold exactly two `[field, direction]` pairs; `onstart` and `args` together are at
-most 4,096 characters; each `env` entry is at most 256. `type` is `on-demand`: what Vast's own
+most 4,096 characters. `type` is `on-demand`: what Vast's own
 client sends (vast-ai/vast-cli, `vastai/api/offers.py` `search_offers`, whose `offer_type` is
 "One of 'on-demand', 'reserved', or 'bid'", default 'on-demand') and what search_offers.yaml's
 own request example sends; only that file's enum spells it `ondemand`.
@@ -13,8 +13,9 @@ cloud-init:
 - `spec.user_data`: a shell script (a `#cloud-config` document cannot run here), written to
   /root/gpuprov-user-data by the `onstart` script (base64, so no quoting can break it) and
   started in the background with its output in /var/log/gpuprov-user-data.log.
-- `spec.bootstrap`: the environment variables GPUPROV_API_URL and GPUPROV_JOIN_TOKEN (the node
-  agent reads the latter); never in `onstart`, never logged.
+- `spec.bootstrap`: not sent. `env` and `onstart` come back from the instance listing to
+  anyone who can read the account, so the join token goes in neither: the core starts the
+  node agent over SSH with a fresh token on its stdin (activities/bootstrap.py).
 """
 
 from __future__ import annotations
@@ -24,13 +25,12 @@ import shlex
 from collections.abc import Collection
 from typing import Any
 
-from providers.base import InstanceSpec, NodeBootstrap, Offer, ResourceRequest
+from providers.base import InstanceSpec, Offer, ResourceRequest
 from providers.errors import BlockScope, ErrorKind, ProviderError
 from providers.vast.config import VastConfig, normalise_gpu
 from providers.vast.parse import number
 
 MAX_ONSTART_CHARS = 4096
-MAX_ENV_VALUE_CHARS = 256
 MAX_LABEL_CHARS = 256
 MAX_ASKS_PER_OFFER = 16  # nodes one offer can place on distinct listings
 USER_DATA_PATH = "/root/gpuprov-user-data"
@@ -144,22 +144,6 @@ def onstart_script(spec: InstanceSpec) -> str | None:
     return "\n".join(lines) if lines else None
 
 
-def env_flags(bootstrap: NodeBootstrap) -> str:
-    """`-e GPUPROV_API_URL=... -e GPUPROV_JOIN_TOKEN=...` (Docker flag format, Vast's `env`).
-    The values cannot be quoted there, so one with whitespace or quotes is refused; the error
-    never names the token."""
-    pairs = (("GPUPROV_API_URL", bootstrap.api_url), ("GPUPROV_JOIN_TOKEN", bootstrap.join_token))
-    for name, value in pairs:
-        unsafe = any(ch.isspace() or ch in "'\"\\" for ch in value)
-        if not value or unsafe or len(value) > MAX_ENV_VALUE_CHARS:
-            raise ProviderError(
-                ErrorKind.INVALID_REQUEST,
-                f"{name} cannot be passed as a Vast environment variable "
-                f"(empty, over {MAX_ENV_VALUE_CHARS} characters, or has whitespace or quotes)",
-            )
-    return " ".join(f"-e {name}={value}" for name, value in pairs)
-
-
 def create_body(config: VastConfig, offer: Offer, spec: InstanceSpec) -> dict[str, Any]:
     """PUT /api/v0/asks/{ask_id}/: the image, our label, the disk, SSH, start now or never
     (`cancel_unavail`: a listing that cannot start at once answers no_such_ask instead of
@@ -174,8 +158,6 @@ def create_body(config: VastConfig, offer: Offer, spec: InstanceSpec) -> dict[st
     }
     if (onstart := onstart_script(spec)) is not None:
         body["onstart"] = onstart
-    if spec.bootstrap is not None:
-        body["env"] = env_flags(spec.bootstrap)
     return body
 
 

@@ -53,6 +53,7 @@ from tests.sshd import (
     running_sshd,
     start_asyncssh_server,
 )
+from tests.tls import Pki
 
 VM = "boot-a1-n0-abc123"
 JOB = "boot"
@@ -460,11 +461,48 @@ async def test_a_node_without_python3_is_failed_saying_so(
 
 
 def test_the_start_command_carries_no_secret_and_quotes_the_url() -> None:
-    command = start_command(VM, "http://10.0.0.1:8080/a b")
-    assert command == (
-        f'exec python3 "$HOME"/{REMOTE_ROOT}/{VM}/agent.py register --url '
-        "'http://10.0.0.1:8080/a b'"
+    directory = f'"$HOME"/{REMOTE_ROOT}/{VM}'
+    agent = f"python3 -I -S {directory}/agent.py"
+    options = "--url 'http://10.0.0.1:8080/a b'"
+    register, daemon = start_command(VM, "http://10.0.0.1:8080/a b").split(" && ")
+    assert register == f"{agent} register {options}"
+    # Registered: the heartbeat daemon, detached, with the credential register stored.
+    assert daemon == (
+        f"{{ $(command -v setsid) nohup {agent} run {options} --state-dir {directory}"
+        f" < /dev/null >> {directory}/agent.log 2>&1 & }}"
     )
+    with_ca = start_command(VM, "https://api:8443", ca=True)
+    assert with_ca.count(f"--ca-file {directory}/api-ca.pem") == 2  # register and run
+
+
+async def test_over_https_the_api_ca_goes_to_the_node_and_the_agent_pins_it(
+    tmp_path: Path, records: Records, keys: KeyStore
+) -> None:
+    pki = Pki(tmp_path / "pki")
+    port = free_port()
+    tls = {
+        "tls_cert_file": str(pki.path("server.pem")),
+        "tls_key_file": str(pki.path("server.key")),
+    }
+    api_url = f"https://127.0.0.1:{port}"
+    activities = BootstrapActivities(
+        {},
+        keys,
+        RecordsJoinTokens(records, timedelta(minutes=5)),
+        api_url,
+        api_ca_pem=pki.ca.read_text(),
+        agent_timeout=30,
+    )
+    async with (
+        serving(create_app(records), "127.0.0.1", port, **tls),
+        running_asyncssh_server(tmp_path / "node", authorized=[keys.client_key()]) as node,
+    ):
+        result = await run(activities, to(node))
+    assert result.worker_id is not None
+    assert [worker.vm for worker in rows(records, WorkerRecord)] == [VM]
+    installed = node.home / REMOTE_ROOT / VM / "api-ca.pem"
+    assert installed.read_text() == pki.ca.read_text()
+    assert stat.S_IMODE(installed.stat().st_mode) == 0o600
 
 
 # ---------------------------------------------------------------------- through Temporal

@@ -17,7 +17,10 @@ from gpuprov.config import (
     Settings,
     load_settings,
 )
+from gpuprov.engine import node_ca_pem
+from gpuprov.pem import SettingError
 from providers.errors import ErrorKind
+from tests.tls import Pki
 
 CONFIG = """\
 [temporal]
@@ -378,3 +381,22 @@ def test_an_ssh_client_key_given_twice_is_rejected_without_quoting_it() -> None:
         "invalid config: ssh: Value error, give client_key or client_key_file, not both"
     )
     assert "secret-key-text" not in message
+
+
+def test_the_ca_nodes_pin_goes_with_an_https_api_only() -> None:
+    env = {"GPUPROV_API__PUBLIC_URL": "https://api.internal:8443", "GPUPROV_API__CA_FILE": "/ca"}
+    assert load_settings(env=env).api.ca_file == "/ca"
+    plain = {"GPUPROV_API__CA_FILE": "/ca"}  # nodes would reach http://127.0.0.1:8080
+    assert "ca_file pins the CA of an https API" in config_error(env=plain)
+
+
+def test_the_workers_read_the_ca_file_once_and_refuse_one_that_is_no_certificate(
+    tmp_path: Path,
+) -> None:
+    pki = Pki(tmp_path / "pki")
+    assert node_ca_pem(None) is None
+    assert node_ca_pem(str(pki.ca)) == pki.ca.read_text()
+    with pytest.raises(SettingError, match=r"api.ca_file \(.*\): not a PEM certificate"):
+        node_ca_pem(str(pki.path("server.key")))
+    with pytest.raises(SettingError, match=r"api.ca_file \(.*\): cannot read it"):
+        node_ca_pem(str(tmp_path / "missing.pem"))

@@ -1,7 +1,8 @@
 """Failover across clouds (issue 6): one worker with the GCE adapter (over its fake Compute
 Engine) and the AWS adapter (over moto). GCE is cheaper, so the job tries it first; every GCE
 zone stocks out through the insert operation, and the job fails over to AWS, reaches ready, is
-released, and nothing is left on either cloud."""
+released, and nothing is left on either cloud. The AWS machine boots its user data, and its
+node agent registers through the real API before the job is ready."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 from gpuprov.models import AttemptOutcome, JobState
 from providers.errors import ErrorKind
 from tests.helpers import job, ready_then_release
+from tests.nodes import agent_stack, booting_nodes
 from tests.providers.aws.stack import (
     REGION,
     AwsFront,
@@ -19,8 +21,8 @@ from tests.providers.aws.stack import (
     gpuprov_security_groups,
     live_instances,
     moto_server,
-    worker_with,
 )
+from tests.providers.aws.test_job import launched_user_data
 from tests.providers.gce.fake_gce import ZONES, FakeGce
 
 P5_PRICE = 55.04  # a test price served by the front's Price List, not AWS's
@@ -32,13 +34,18 @@ def moto_url() -> Iterator[str]:
         yield url
 
 
-async def test_every_gce_zone_stocked_out_fails_over_to_aws(client, task_queue, job_name, moto_url):
+async def test_every_gce_zone_stocked_out_fails_over_to_aws(
+    client, task_queue, job_name, moto_url, tmp_path
+):
     gce = FakeGce(stockout_zones=set(ZONES))
     with AwsFront(moto_url, prices={(REGION, "p5.48xlarge"): P5_PRICE}) as front:
         providers = {"gce": gce.cloud(), "aws": aws_cloud(front.url)}
         try:
-            async with worker_with(client, task_queue, providers) as gpuprov:
-                handle = await gpuprov.submit(job(job_name, max_hourly_cost=100.0))
+            async with (
+                agent_stack(client, task_queue, providers, tmp_path) as stack,
+                booting_nodes(lambda: launched_user_data(moto_url), tmp_path) as agents,
+            ):
+                handle = await stack.gpuprov.submit(job(job_name, max_hourly_cost=100.0))
                 at_ready, final = await ready_then_release(handle, timeout=90)
         finally:
             for provider in providers.values():
@@ -54,6 +61,8 @@ async def test_every_gce_zone_stocked_out_fails_over_to_aws(client, task_queue, 
         assert (attempt.kind, attempt.outcome) == (ErrorKind.CAPACITY, AttemptOutcome.FAILED)
         assert "ZONE_RESOURCE_POOL_EXHAUSTED" in (attempt.message or "")
     assert won.offer.provider == "aws" and won.outcome is AttemptOutcome.SUCCEEDED
+    [agent] = agents
+    assert agent.returncode == 0, agent.stderr
     assert final.state is JobState.COMPLETED
     assert gce.inserts == [] and gce.live_instances() == [] and gce.firewalls == {}
     assert aws_left == [] and groups_left == []

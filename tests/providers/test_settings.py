@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 
 import pytest
-from pydantic import SecretStr
+from pydantic import SecretStr, ValidationError
 
 from providers.base import Model
 from providers.settings import ApiKeySettings, capabilities_from
@@ -37,6 +37,21 @@ def test_configured_timings_and_what_the_cloud_cannot_do_are_carried():
     hints = capabilities_from(config, unsupported=("spot", "user_data"), node_agent=True)
     assert (hints.boot_timeout, hints.delete_timeout, hints.poll_interval) == (61.5, 7.0, 0.25)
     assert hints.unsupported == ["spot", "user_data"] and hints.node_agent is True
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [
+        ("providers.prime.config", "PrimeConfig"),
+        ("providers.runpod.config", "RunPodConfig"),
+        ("providers.vast.config", "VastConfig"),
+    ],
+)
+def test_clouds_without_usable_user_data_always_start_the_agent_over_ssh(module, name):
+    config = getattr(importlib.import_module(module), name)
+    assert config().ssh_bootstrap is True
+    with pytest.raises(ValidationError, match="ssh_bootstrap cannot be false here"):
+        config(ssh_bootstrap=False)
 
 
 class _Vault(Model):

@@ -1,19 +1,24 @@
-"""providers/userdata.py: the cloud-init user data aws, gce and lambda create machines with."""
+"""providers/userdata.py: the cloud-init user data aws, gce and lambda create machines with.
+What cloud-init itself makes of it (decompression, parts, merging, the schema, the files it
+writes, the unit that starts the agent) is in tests/providers/test_node_agent.py."""
 
 from __future__ import annotations
 
+import base64
 import email
+import gzip
 import json
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from providers import node_agent
 from providers.base import InstanceSpec, NodeBootstrap
 from providers.errors import ErrorKind, ProviderError
-from providers.userdata import JOIN_ENV_PATH, part_subtype, user_data
+from providers.userdata import JOIN_ENV_PATH, compressed_user_data, part_subtype, user_data
 
-LIMIT = 16 * 1024
+LIMIT = 64 * 1024  # room for the agent the bootstrap carries
 BOOT = NodeBootstrap(api_url="https://api.example/x?y='\"", join_token="tok-s3cret")
 
 
@@ -42,12 +47,19 @@ def test_nothing_to_pass_is_none_and_the_specs_own_alone_goes_untouched():
     assert build(spec(user_data="#!/bin/sh\necho hi\n")) == "#!/bin/sh\necho hi\n"
 
 
+def bootstrap_files(config_text: str) -> dict[str, dict[str, str]]:
+    return {
+        entry["path"]: entry
+        for entry in json.loads(config_text.removeprefix("#cloud-config\n"))["write_files"]
+    }
+
+
 def test_the_bootstrap_writes_a_root_only_join_env_the_agent_reads():
     (part,) = parts(build(spec(bootstrap=BOOT)))
     assert part.get_content_type() == "text/cloud-config"
     config = text_of(part)
     assert config.startswith("#cloud-config\n")
-    (write,) = json.loads(config.removeprefix("#cloud-config\n"))["write_files"]
+    write = bootstrap_files(config)[JOIN_ENV_PATH]
     assert write == {
         "path": JOIN_ENV_PATH,
         "permissions": "0600",
@@ -57,6 +69,65 @@ def test_the_bootstrap_writes_a_root_only_join_env_the_agent_reads():
         "GPUPROV_JOIN_TOKEN=tok-s3cret\nGPUPROV_VM=v-a1-n0-1\n",
     }
     assert JOIN_ENV_PATH == "/etc/gpuprov/join.env"
+
+
+def test_the_bootstrap_installs_the_agent_pinned_and_starts_its_unit():
+    (part,) = parts(build(spec(bootstrap=BOOT)))
+    config = json.loads(text_of(part).removeprefix("#cloud-config\n"))
+    files = bootstrap_files(text_of(part))
+    agent = files[node_agent.AGENT_PATH]
+    assert (agent["encoding"], agent["permissions"], agent["owner"]) == (
+        "gz+b64",
+        "0644",
+        "root:root",
+    )
+    assert gzip.decompress(base64.b64decode(agent["content"])) == node_agent.agent_source()
+    unit = files[node_agent.UNIT_PATH]["content"]
+    assert node_agent.agent_sha256() in unit and "run --url" in unit
+    assert node_agent.CA_PATH not in files and "--ca-file" not in unit  # no private CA here
+    assert config["runcmd"] == [
+        ["systemctl", "daemon-reload"],
+        ["systemctl", "enable", "--now", "--no-block", "gpuprov-agent.service"],
+    ]
+
+
+def test_a_private_ca_goes_to_the_node_and_the_agent_pins_it():
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    boot = BOOT.model_copy(update={"ca_pem": pem})
+    (part,) = parts(build(spec(bootstrap=boot)))
+    files = bootstrap_files(text_of(part))
+    assert files[node_agent.CA_PATH] == {
+        "path": "/etc/gpuprov/api-ca.pem",
+        "permissions": "0644",
+        "owner": "root:root",
+        "content": pem,
+    }
+    assert "--ca-file /etc/gpuprov/api-ca.pem" in files[node_agent.UNIT_PATH]["content"]
+
+
+@pytest.mark.parametrize(
+    "url", ["http://api:8080/\nExecStart=/bin/evil", "http://a b", "http://a\tb"]
+)
+def test_an_api_url_that_could_break_the_unit_is_refused(url):
+    boot = NodeBootstrap(api_url=url, join_token="tok-s3cret")
+    with pytest.raises(ProviderError) as caught:
+        build(spec(bootstrap=boot))
+    assert caught.value.kind is ErrorKind.INVALID_REQUEST
+    assert "tok-s3cret" not in str(caught.value)
+
+
+def test_over_its_limit_a_byte_cloud_gets_the_same_document_gzip_compressed():
+    node = spec(user_data="#!/bin/sh\necho hi\n", bootstrap=BOOT)
+    plain = build(node)
+    small = compressed_user_data(node, max_bytes=len(plain.encode()), cloud="EC2")
+    assert small == plain.encode()  # within the limit: as it is
+    squeezed = compressed_user_data(node, max_bytes=16 * 1024, cloud="EC2")
+    assert squeezed[:2] == b"\x1f\x8b" and gzip.decompress(squeezed) == plain.encode()
+    assert squeezed == compressed_user_data(node.model_copy(), max_bytes=16 * 1024, cloud="EC2")
+    with pytest.raises(ProviderError) as caught:
+        compressed_user_data(node, max_bytes=len(squeezed) - 1, cloud="EC2")
+    assert f"is {len(squeezed)} bytes; EC2 accepts at most" in caught.value.message
+    assert compressed_user_data(spec(), max_bytes=10, cloud="EC2") is None
 
 
 def test_with_both_the_specs_own_part_comes_first_then_the_bootstrap_appending():
@@ -75,7 +146,7 @@ def test_the_bootstrap_part_appends_to_the_specs_own_write_files():
     assert text_of(both[0]) == own
     config = json.loads(text_of(both[1]).removeprefix("#cloud-config\n"))
     assert {"name": "list", "settings": ["append"]} in config["merge_how"]
-    assert [entry["path"] for entry in config["write_files"]] == ["/etc/gpuprov/join.env"]
+    assert JOIN_ENV_PATH in bootstrap_files(text_of(both[1]))
 
 
 def test_the_same_spec_gives_byte_identical_user_data_and_another_token_another_boundary():
@@ -150,7 +221,7 @@ def test_any_own_user_data_round_trips_beside_the_bootstrap(own, token):
     document = build(node, max_bytes=10**6)
     assert document == build(node, max_bytes=10**6)
     texts = [text_of(p) for p in parts(document)]
-    (write,) = json.loads(texts[-1].removeprefix("#cloud-config\n"))["write_files"]
+    write = bootstrap_files(texts[-1])[JOIN_ENV_PATH]
     assert f"\nGPUPROV_JOIN_TOKEN={token}\n" in write["content"]
     assert texts[:-1] == ([own] if own else [])
 

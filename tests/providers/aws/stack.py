@@ -18,11 +18,10 @@ from __future__ import annotations
 
 import http.client
 import json
-import tempfile
 import threading
 import urllib.request
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -32,14 +31,10 @@ from urllib.parse import parse_qsl, urlsplit
 import boto3
 from aiobotocore.session import AioSession
 from moto.server import ThreadedMotoServer
-from temporalio.client import Client
 
-from gpuprov.client import GpuprovClient
-from gpuprov.engine import build_worker, open_records
 from providers.aws.client import StaticCredentials
 from providers.aws.cloud import AwsCloud
 from providers.aws.config import AwsConfig
-from providers.base import CloudProvider
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REGION = "us-east-1"
@@ -311,18 +306,3 @@ def aws_cloud(endpoint_url: str, **overrides: Any) -> AwsCloud:
     return AwsCloud(
         aws_config(endpoint_url, **overrides), credentials=TEST_CREDENTIALS, session=_SESSION
     )
-
-
-@asynccontextmanager
-async def worker_with(
-    client: Client, task_queue: str, providers: dict[str, CloudProvider]
-) -> AsyncIterator[GpuprovClient]:
-    """A gpuprov worker with these providers and a fresh SQLite database; yields the SDK."""
-    with tempfile.TemporaryDirectory(prefix="gpuprov-aws-") as data_dir:
-        records = open_records(f"sqlite:///{data_dir}/gpuprov.db")
-        worker = build_worker(client, task_queue, providers, records, api_url="http://127.0.0.1:9")
-        try:
-            async with worker:
-                yield GpuprovClient(client, task_queue)
-        finally:
-            records.db.dispose()

@@ -4,11 +4,11 @@ plan, prepare, create, observe, observe_region, delete, cleanup, diagnose — th
 from __future__ import annotations
 
 import base64
-import email
 import re
 
 import pytest
 
+from providers import node_agent
 from providers.aws.cloud import client_token
 from providers.aws.pricing import ON_DEMAND_SOURCE, SPOT_SOURCE
 from providers.base import (
@@ -19,6 +19,7 @@ from providers.base import (
     ResourceRequest,
     Verdict,
 )
+from tests import cloudinit
 from tests.providers.aws.conftest import P5_PRICE
 from tests.providers.aws.stack import (
     MOTO_IMAGE_NAME,
@@ -174,11 +175,21 @@ async def test_create_launches_one_tagged_instance_with_the_bootstrap_as_user_da
     assert "InstanceMarketOptions.MarketType" not in sent
     tag_specs = {sent[f"TagSpecification.{n}.ResourceType"] for n in (1, 2)}
     assert tag_specs == {"instance", "volume"}
-    (part,) = email.message_from_bytes(base64.b64decode(sent["UserData"])).get_payload()
-    assert part.get_content_type() == "text/cloud-config"
-    cloud_config = part.get_payload(decode=True).decode()
-    assert "GPUPROV_JOIN_TOKEN=tok-s3cret" in cloud_config
-    assert '"path": "/etc/gpuprov/join.env", "permissions": "0600"' in cloud_config
+    # The node agent rides in the user data: over EC2's 16 KB plain, so gzip-compressed, which
+    # cloud-init undoes before reading it (tests/providers/test_node_agent.py runs it).
+    user_data = base64.b64decode(sent["UserData"])
+    assert user_data[:2] == b"\x1f\x8b" and len(user_data) <= 16 * 1024
+    read = cloudinit.processed(user_data)
+    assert read.part_types() == ["text/cloud-config"]
+    files = {entry["path"]: entry for entry in read.config["write_files"]}
+    assert "GPUPROV_JOIN_TOKEN=tok-s3cret" in files["/etc/gpuprov/join.env"]["content"]
+    assert files["/etc/gpuprov/join.env"]["permissions"] == "0600"
+    assert node_agent.AGENT_PATH in files and node_agent.UNIT_PATH in files
+    assert cloudinit.schema_errors(read.config) == ""
+    stored = ec2(front.upstream).describe_instance_attribute(
+        InstanceId=ids[0], Attribute="userData"
+    )["UserData"]["Value"]
+    assert base64.b64decode(stored) == user_data  # what EC2 keeps (and shows, see aws.md)
     assert "tok-s3cret" not in repr(ids) + repr(prepared) + repr(offer)
     (launched,) = live_instances(front.upstream)
     tags = {t["Key"]: t["Value"] for t in launched["Tags"]}
@@ -282,7 +293,7 @@ def test_capabilities_carry_the_configured_timing_hints():
     nowhere = "http://127.0.0.1:9"  # neither needs a call
     hints = aws_cloud(nowhere, boot_timeout=321, delete_timeout=123).capabilities()
     assert (hints.boot_timeout, hints.delete_timeout, hints.poll_interval) == (321, 123, 0.05)
-    assert hints.node_agent is False
+    assert hints.node_agent is True and hints.cloud_init is True  # the agent is in the user data
     assert aws_cloud(nowhere, regions=["us-west-2", REGION], zones={}).sweep_regions() == [
         "us-west-2",
         REGION,

@@ -12,11 +12,13 @@ import httpx
 import pytest
 import respx
 
+from providers import node_agent
 from providers.base import InstanceSpec, InstanceStatus, Location, NodeBootstrap, Offer
 from providers.errors import BlockScope, ErrorKind, ProviderError
 from providers.gce.auth import StaticToken
 from providers.gce.cloud import GceCloud
 from providers.gce.identity import request_id
+from tests import cloudinit
 from tests.providers.gce import bodies
 from tests.providers.gce.fake_gce import BASE_URL, FakeGce
 
@@ -239,6 +241,12 @@ async def test_create_delivers_keys_user_data_and_bootstrap_in_the_metadata(api,
     assert TOKEN in texts[1] and "/etc/gpuprov/join.env" in texts[1]
     assert texts[0] == "#cloud-config\n"
     assert set(items) == {"gpuprov-vm", "ssh-keys", "user-data"}  # the token in one place only
+    # What cloud-init makes of it: the agent, pinned, and the unit that starts it.
+    read = cloudinit.processed(document)
+    files = {entry["path"]: entry for entry in read.config["write_files"]}
+    assert {node_agent.AGENT_PATH, node_agent.UNIT_PATH, node_agent.JOIN_ENV_PATH} <= set(files)
+    assert node_agent.agent_sha256() in files[node_agent.UNIT_PATH]["content"]
+    assert cloudinit.schema_errors(read.config) == ""
 
 
 async def test_spot_and_n1_bodies(api, cloud):
@@ -446,7 +454,7 @@ async def test_diagnose_explains_a_vanished_spot_vm(api, cloud):
 def test_capabilities_and_sweep_regions_come_from_config(cloud):
     hints = cloud.capabilities()
     assert (hints.boot_timeout, hints.delete_timeout, hints.poll_interval) == (10, 10, 0.05)
-    assert hints.node_agent is False
+    assert hints.node_agent is True and hints.cloud_init is True  # the agent is in the user data
     assert cloud.sweep_regions() == ["us-central1", "europe-west4"]
 
 

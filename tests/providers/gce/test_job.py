@@ -1,6 +1,7 @@
 """A whole ProvisionJob on the real Temporal dev server against the gce adapter over respx: the
-cheapest zone stocks out through the insert operation, the job fails over to the next zone,
-reaches ready, is released, and the instance and its firewall rule are deleted."""
+cheapest zone stocks out through the insert operation, the job fails over to the next zone, the
+machine's `user-data` metadata boots the node agent, which registers through the real API, the
+job is ready, is released, and the instance and its firewall rule are deleted."""
 
 from __future__ import annotations
 
@@ -10,19 +11,38 @@ from gpuprov.models import AttemptOutcome, BlockScope, JobState
 from providers.errors import ErrorKind
 from providers.gce.identity import firewall_name, instance_name
 from tests.helpers import job, ready_then_release
+from tests.nodes import agent_stack, booting_nodes
 from tests.providers.gce.fake_gce import FakeGce, gce_worker
+
+
+def launched_user_data(fake: FakeGce) -> dict[str, str]:
+    """The `user-data` metadata value of every instance the fake holds, by zone and name."""
+    return {
+        f"{zone}/{name}": item["value"]
+        for (zone, name), instance in list(fake.instances.items())
+        for item in instance["metadata"]["items"]
+        if item["key"] == "user-data"
+    }
+
 
 FIRST = "gce/us-central1-a/a3-highgpu-8g"  # 8 x 1.00 USD, tried first (ties break on id)
 SECOND = "gce/us-central1-b/a3-highgpu-8g"
 
 
 async def test_stockout_in_one_zone_fails_over_to_the_next_and_everything_is_deleted(
-    client, task_queue, job_name
+    client, task_queue, job_name, tmp_path
 ):
     fake = FakeGce(stockout_zones={"us-central1-a"})
-    async with gce_worker(client, task_queue, {"gce": fake.cloud()}) as gpuprov:
-        handle = await gpuprov.submit(job(job_name))
-        at_ready, final = await ready_then_release(handle)
+    cloud = fake.cloud()
+    try:
+        async with (
+            agent_stack(client, task_queue, {"gce": cloud}, tmp_path) as stack,
+            booting_nodes(lambda: launched_user_data(fake), tmp_path) as agents,
+        ):
+            handle = await stack.gpuprov.submit(job(job_name))
+            at_ready, final = await ready_then_release(handle)
+    finally:
+        await cloud.aclose()
 
     assert at_ready.state is JobState.READY, at_ready.error
     first, second = at_ready.attempts
@@ -33,6 +53,9 @@ async def test_stockout_in_one_zone_fails_over_to_the_next_and_everything_is_del
     assert node.instance_ids == [f"us-central1-b/{instance_name(node.vm)}"]
     assert node.ssh is not None and node.ssh.host == "34.118.0.10"
     assert at_ready.hourly_cost is not None and at_ready.hourly_cost.amount == 8.0
+    [agent] = agents  # one machine booted, its agent registered: the node the job placed
+    assert agent.returncode == 0, agent.stderr
+    assert node.worker_id is not None and node.worker_id in agent.stdout
 
     assert final.state is JobState.COMPLETED
     assert fake.inserts == [("us-central1-b", instance_name(node.vm))]  # one machine, no dupes

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from activities.cloud import CloudActivities, VmInput
+from providers import node_agent
 from providers.base import (
     InstanceSpec,
     InstanceStatus,
@@ -22,6 +23,7 @@ from providers.base import (
     Verdict,
 )
 from providers.errors import ErrorKind, ProviderError
+from tests import cloudinit
 from tests.providers.scrubbing import activity_failure
 from tests.providers.wire import assert_never_sent, carries
 from workflows.policy import Failure, Stage, decide
@@ -75,8 +77,13 @@ async def test_create_hands_user_data_and_bootstrap_to_the_machine_and_nowhere_e
     bootstrap = NodeBootstrap(api_url="https://gpuprov.example:8080", join_token=TOKEN)
     ids = await launch(cloud, user_data="#!/bin/sh\necho hi\n", bootstrap=bootstrap)
     user_data = account.launches[0]["user_data"]
-    assert "multipart/mixed" in user_data and "text/x-shellscript" in user_data
-    assert "text/cloud-config" in user_data
+    assert isinstance(user_data, str)  # Lambda takes plain text only, so never gzip here
+    read = cloudinit.processed(user_data)
+    assert read.part_types() == ["text/x-shellscript", "text/cloud-config"]
+    files = {entry["path"]: entry for entry in read.config["write_files"]}
+    assert f"GPUPROV_JOIN_TOKEN={TOKEN}" in files[node_agent.JOIN_ENV_PATH]["content"]
+    assert node_agent.agent_sha256() in files[node_agent.UNIT_PATH]["content"]
+    assert node_agent.AGENT_PATH in files and cloudinit.schema_errors(read.config) == ""
     assert TOKEN not in caplog.text and TOKEN not in json.dumps(ids)
     # On the wire: only the launch body carries it; not its URL or headers, no other request.
     sent = [request for request, _ in account.calls()]

@@ -45,7 +45,7 @@ def test_registry_builds_the_adapter_from_its_section():
 def test_capabilities_carry_lambda_timing_hints():
     hints = LambdaCloud(LambdaConfig(), api_key="k").capabilities()
     assert (hints.boot_timeout, hints.delete_timeout, hints.poll_interval) == (1800, 900, 10)
-    assert hints.node_agent is False and "spot" in hints.unsupported
+    assert hints.node_agent is True and "spot" in hints.unsupported  # agent in the user data
 
 
 # ---------------------------------------------------------------- plan

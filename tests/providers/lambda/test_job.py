@@ -1,17 +1,15 @@
 """A whole ProvisionJob on the real Temporal dev server against the Lambda adapter over respx:
 the cheapest offer's launch answers Lambda's real insufficient-capacity error, the job fails
-over to the same type in another region, reaches ready, is released, and the instance is
-terminated (confirmed by observe) with nothing left behind."""
+over to the same type in another region, the launched machine's `user_data` boots the node
+agent, which registers through the real API, the job is ready, is released, and the instance
+is terminated (confirmed by observe) with nothing left behind."""
 
 from __future__ import annotations
 
-import tempfile
-
-from gpuprov.client import GpuprovClient
-from gpuprov.engine import build_worker, open_records
 from gpuprov.models import AttemptOutcome, JobState
 from providers.errors import ErrorKind
 from tests.helpers import job, ready_then_release
+from tests.nodes import agent_stack, booting_nodes
 
 from . import fixtures as fx
 from .fake_lambda import FakeLambda
@@ -20,24 +18,27 @@ EAST = "lambda/us-east-3/gpu_8x_h100_sxm5"  # cheapest (23.92, ties broken by id
 SOUTH = "lambda/us-south-2/gpu_8x_h100_sxm5"  # same type and price in another region
 
 
+def launched_user_data(account: FakeLambda) -> dict[str, str]:
+    """The launch body's `user_data` of every instance the account holds, by instance name."""
+    names = {instance["name"] for instance in account.live()}
+    return {body["name"]: body["user_data"] for body in account.launches if body["name"] in names}
+
+
 async def test_stockout_on_the_cheapest_offer_fails_over_to_another_region_and_cleans_up(
-    client, task_queue, job_name
+    client, task_queue, job_name, tmp_path
 ):
     account = FakeLambda(boot_lists=2)
     account.launch_answers[("us-east-3", "gpu_8x_h100_sxm5")] = (400, fx.INSUFFICIENT_CAPACITY)
     cloud = account.cloud(ssh_key_name="ops-team", poll_interval=0.05, delete_timeout=30)
-    with tempfile.TemporaryDirectory(prefix="gpuprov-lambda-") as data_dir:
-        records = open_records(f"sqlite:///{data_dir}/gpuprov.db")
-        worker = build_worker(
-            client, task_queue, {"lambda": cloud}, records, api_url="http://127.0.0.1:9"
-        )
-        try:
-            async with worker:
-                handle = await GpuprovClient(client, task_queue).submit(job(job_name))
-                at_ready, final = await ready_then_release(handle)
-        finally:
-            await cloud.aclose()
-            records.db.dispose()
+    try:
+        async with (
+            agent_stack(client, task_queue, {"lambda": cloud}, tmp_path) as stack,
+            booting_nodes(lambda: launched_user_data(account), tmp_path) as agents,
+        ):
+            handle = await stack.gpuprov.submit(job(job_name))
+            at_ready, final = await ready_then_release(handle)
+    finally:
+        await cloud.aclose()
 
     assert at_ready.state is JobState.READY, at_ready.error
     first, second = at_ready.attempts
@@ -47,6 +48,9 @@ async def test_stockout_on_the_cheapest_offer_fails_over_to_another_region_and_c
     (node,) = [n for n in at_ready.nodes if n.attempt == 2]
     (instance_id,) = node.instance_ids
     assert node.ssh is not None and (node.ssh.user, node.ssh.port) == ("ubuntu", 22)
+    [agent] = agents  # one machine booted, its agent registered: the node the job placed
+    assert agent.returncode == 0, agent.stderr
+    assert node.worker_id is not None and node.worker_id in agent.stdout
 
     assert final.state is JobState.COMPLETED, final.error
     launched = [(body["region_name"], body["name"]) for body in account.launches]

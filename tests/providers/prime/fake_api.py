@@ -116,8 +116,11 @@ def response_violation(request: httpx.Request, status: int, body: Any) -> str | 
 class FakePrime:
     """In-memory Prime Intellect: `transport()` goes into PrimeCloud(transport=...)."""
 
-    def __init__(self, offers: list[dict[str, Any]] | None = None) -> None:
+    def __init__(
+        self, offers: list[dict[str, Any]] | None = None, ssh: tuple[str, int] | None = None
+    ) -> None:
         self.offers = copy.deepcopy(offers or [])
+        self.ssh = ssh  # every pod's SSH host and port (default: its own ip, port 22)
         self.pods: dict[str, dict[str, Any]] = {}
         self.keys: dict[str, dict[str, Any]] = {}
         self.create_errors: dict[str, tuple[int, Any]] = {}  # cloudId -> answer
@@ -193,7 +196,7 @@ class FakePrime:
             pod.update(
                 installationStatus="FINISHED",
                 installationProgress=100,
-                sshConnection=f"root@{pod['ip']} -p 22",
+                sshConnection=f"root@{pod['ip']} -p {self.ssh[1] if self.ssh else 22}",
             )
         elif pod["status"] == "DELETING":
             pod["status"] = "TERMINATED"
@@ -211,7 +214,7 @@ class FakePrime:
             spec["name"],
             gpuName=spec["gpuType"],
             gpuCount=spec["gpuCount"],
-            ip=f"203.0.113.{number}",
+            ip=self.ssh[0] if self.ssh else f"203.0.113.{number}",
             socket=spec["socket"],
             providerType=body["provider"]["type"],
         )

@@ -110,11 +110,12 @@ def test_without_a_key_the_registry_skips_prime_and_says_how(monkeypatch):
     assert "PRIME_API_KEY" in build_all(ProvidersSettings(prime=PrimeConfig())).skipped["prime"]
 
 
-async def test_capabilities_are_the_configured_hints_without_node_agent():
+async def test_capabilities_are_the_configured_hints_with_the_agent_over_ssh():
     adapter = await with_transport(static(), boot_timeout=900, poll_interval=5)
     hints = adapter.capabilities()
     assert (hints.boot_timeout, hints.delete_timeout, hints.poll_interval) == (900, 600, 5)
-    assert hints.node_agent is False and hints.unsupported == ["user_data"]
+    assert hints.node_agent is True and hints.unsupported == ["user_data"]
+    assert adapter.config.ssh_bootstrap is True  # the core starts the agent over SSH
     assert adapter.sweep_regions() == ["global"]
     configured = await with_transport(static(), regions=["canada", "eu_west"])
     assert configured.sweep_regions() == ["canada", "eu_west"]

@@ -27,6 +27,7 @@ class FakeRunPod:
     # (gpu id, data centre) -> the problem document its creates answer (its status with it)
     refusals: dict[tuple[str, str], bytes] = field(default_factory=dict)
     account_keys: list[str] = field(default_factory=lambda: [USER_KEY])
+    ssh_direct: tuple[str, int] = ("195.26.233.3", 34446)  # every running pod's ssh.direct
     pods: dict[str, dict[str, Any]] = field(default_factory=dict)
     exchanges: list[tuple[httpx.Request, httpx.Response]] = field(default_factory=list)
     created: list[dict[str, Any]] = field(default_factory=list)  # bodies of successful creates
@@ -77,7 +78,14 @@ class FakeRunPod:
                 BOOT_SEQUENCE[seen - 1] if seen <= len(BOOT_SEQUENCE) else ("RUNNING", True)
             )
             self.pods[pod_id] = {
-                **pod(pod_id, document["name"], status, direct, document["dataCenterId"]),
+                **pod(
+                    pod_id,
+                    document["name"],
+                    status,
+                    direct,
+                    document["dataCenterId"],
+                    endpoint=self.ssh_direct,
+                ),
                 "env": document["env"],
                 "gpu": {"id": document["gpu"]["id"], "count": document["gpu"]["count"]},
             }

@@ -115,8 +115,11 @@ def pod(
     direct: bool = True,
     data_center: str | None = "US-KS-2",
     vm_marker: str | None = VM,
+    endpoint: tuple[str, int] = ("195.26.233.3", 34446),
 ) -> dict[str, Any]:
-    """A Pod as GET /v2/pods returns it (every field the schema requires)."""
+    """A Pod as GET /v2/pods returns it (every field the schema requires); `endpoint` is
+    its ssh.direct host and port."""
+    host, port = endpoint
     env: dict[str, str] = {"PUBLIC_KEY": VM_KEY}
     if vm_marker is not None:
         env["GPUPROV_VM"] = vm_marker
@@ -146,10 +149,10 @@ def pod(
             },
             "direct": (
                 {
-                    "host": "195.26.233.3",
-                    "port": 34446,
+                    "host": host,
+                    "port": port,
                     "username": "root",
-                    "command": "ssh root@195.26.233.3 -p 34446",
+                    "command": f"ssh root@{host} -p {port}",
                 }
                 if running and direct
                 else None
@@ -162,7 +165,7 @@ def pod(
         "runtime": (
             {
                 "uptime": 60,
-                "ports": [{"private": 22, "public": 34446, "type": "tcp", "ip": "195.26.233.3"}],
+                "ports": [{"private": 22, "public": port, "type": "tcp", "ip": host}],
             }
             if running and direct
             else None

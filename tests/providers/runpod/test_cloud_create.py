@@ -62,7 +62,8 @@ def test_capabilities_are_the_configured_timing_hints():
     )
     hints = cloud.capabilities()
     assert (hints.boot_timeout, hints.delete_timeout, hints.poll_interval) == (600, 120, 5)
-    assert hints.node_agent is False
+    assert hints.node_agent is True  # started over SSH: the section's ssh_bootstrap is on
+    assert cloud.config.ssh_bootstrap is True
     assert RunPodCloud(RunPodConfig(), api_key="k").capabilities().boot_timeout == 900
 
 

@@ -24,6 +24,7 @@ class FakeVastApi:
     listings: list[dict[str, Any]] = field(default_factory=list)
     page_size: int = 25
     boot_polls: int = 1  # list calls a new instance spends loading before it runs
+    ssh: tuple[str, int] | None = None  # every instance's public IP and 22/tcp port
     gone_asks: set[int] = field(default_factory=set)
     instances: dict[int, dict[str, Any]] = field(default_factory=dict)
     destroyed: list[int] = field(default_factory=list)
@@ -130,13 +131,14 @@ class FakeVastApi:
         """Each listing of an instance is a poll; after `boot_polls` it runs, port mapped."""
         self._polls[instance_id] = self._polls.get(instance_id, 0) + 1
         current = self.instances[instance_id]
+        port = self.ssh[1] if self.ssh else 40000 + instance_id
         if current["actual_status"] == "loading" and self._polls[instance_id] > self.boot_polls:
             current.update(
                 fixtures.instance(
                     instance_id,
                     current.get("label"),
-                    public_ipaddr="198.51.100.7",
-                    ports={"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(40000 + instance_id)}]},
+                    public_ipaddr=self.ssh[0] if self.ssh else "198.51.100.7",
+                    ports={"22/tcp": [{"HostIp": "0.0.0.0", "HostPort": str(port)}]},
                 )
             )
         return dict(current)

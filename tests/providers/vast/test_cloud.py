@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import asyncssh
 import httpx
 import pytest
 
@@ -22,7 +23,6 @@ from providers.vast.cloud import VastCloud
 from tests.providers.vast import fixtures
 from tests.providers.vast.conftest import vast_config
 from tests.providers.vast.fake_api import FakeVastApi
-from tests.providers.wire import assert_never_sent, carries
 
 H100X8 = ResourceRequest(gpu="H100", gpus_per_node=8)
 HERE = Location(provider="vast", region="US")
@@ -159,9 +159,12 @@ async def test_network_failure_is_transient(cloud, router):
 # ------------------------------------------------------------------ prepare / create
 
 
-async def test_create_labels_the_instance_and_hands_over_key_user_data_and_bootstrap(
+async def test_create_labels_the_instance_and_hands_over_key_and_user_data_but_never_a_token(
     cloud, vast_api
 ):
+    # Vast lists `extra_env` and `onstart` back to anyone who can read the account
+    # (show_instance.yaml), so the join token goes in neither: the core starts the agent over
+    # SSH with a fresh token (activities/bootstrap.py), using the key onstart installs.
     offer = await first_offer(cloud, vast_api)
     token = "join-token-that-must-stay-secret"
     node = spec(
@@ -180,12 +183,9 @@ async def test_create_labels_the_instance_and_hands_over_key_user_data_and_boots
     assert body["cancel_unavail"] is True
     assert "ssh-ed25519 AAAAC3Nza user@host" in body["onstart"]
     assert "/root/.ssh/authorized_keys" in body["onstart"]
-    assert token not in body["onstart"]  # the token travels only in env
-    assert body["env"] == f"-e GPUPROV_API_URL=http://10.0.0.1:8700 -e GPUPROV_JOIN_TOKEN={token}"
-    # ... and on the wire nowhere else: not the create's URL or headers, no other request
-    (created,) = [r for r in vast_api.requests if r.method == "PUT"]
-    assert carries(created, token) and not carries(created, token, body=False)
-    assert_never_sent(token, [r for r in vast_api.requests if r is not created])
+    assert "env" not in body
+    assert token not in json.dumps(body)
+    assert cloud.capabilities().node_agent and cloud.config.ssh_bootstrap
 
 
 async def test_a_vanished_listing_is_capacity(cloud, vast_api):
@@ -289,17 +289,35 @@ async def test_prepare_refuses_what_vast_cannot_carry_before_anything_exists(clo
     assert len(vast_api.requests) == 1  # only the plan's search
 
 
-async def test_a_bootstrap_that_cannot_be_an_env_value_is_refused_without_naming_it(
+async def test_the_largest_user_data_vast_accepts_beside_the_key_fits_its_onstart_limit(
     cloud, vast_api
 ):
+    # Vast: `onstart` (with `args`) is at most 4,096 characters (create_instance.yaml). It
+    # carries the worker's client key (the SSH bootstrap logs in with it) and the shell user
+    # data, base64; nothing of the node agent, which comes over SSH.
     offer = await first_offer(cloud, vast_api)
-    secret = "has space-and-secret"
-    node = spec(bootstrap=NodeBootstrap(api_url="http://x", join_token=secret))
-    with pytest.raises(ProviderError) as caught:
-        await cloud.create(offer, {}, node)
-    assert caught.value.kind is ErrorKind.INVALID_REQUEST
-    assert secret not in str(caught.value)
-    assert vast_api.created == []
+    key = asyncssh.generate_private_key("ssh-ed25519", comment="gpuprov")
+    public = key.export_public_key().decode().strip()
+
+    def node(size: int) -> InstanceSpec:
+        return spec(ssh_public_key=public, user_data="#!/bin/sh\n" + "x" * (size - 10))
+
+    async def accepted(size: int) -> bool:
+        try:
+            await cloud.prepare(offer, node(size))
+        except ProviderError:
+            return False
+        return True
+
+    low, high = 16, 4096
+    while low < high:
+        middle = (low + high + 1) // 2
+        low, high = (middle, high) if await accepted(middle) else (low, middle - 1)
+    assert low > 2500  # room for a real script beside the key
+    await cloud.create(offer, {}, node(low))
+    ((_, body),) = vast_api.created
+    assert len(body["onstart"]) <= 4096 and public in body["onstart"]
+    assert not await accepted(low + 1)
 
 
 # ------------------------------------------------------------------ observe
@@ -409,7 +427,8 @@ async def test_cleanup_and_capabilities_make_no_call(cloud, vast_api):
     await cloud.cleanup(HERE, "vm")
     hints = cloud.capabilities()
     assert vast_api.requests == []
-    assert (hints.node_agent, hints.unsupported) == (False, ["spot"])
+    assert (hints.node_agent, hints.unsupported) == (True, ["spot"])  # the agent over SSH
+    assert cloud.config.ssh_bootstrap is True
     assert (hints.boot_timeout, hints.delete_timeout, hints.poll_interval) == (10, 10, 0.05)
 
 

@@ -1,0 +1,106 @@
+"""The node agent on a machine that boots with cloud-init: the files it needs, where they go, the
+SHA-256 the agent is pinned to, and the systemd unit that runs it.
+
+The agent is gpuprov/agent.py byte for byte: one standard-library file, no secret in it. The
+create call's user data (providers/userdata.py) installs, through cloud-init's write_files:
+
+    /usr/local/lib/gpuprov/agent.py            0644  the agent (gzip+base64 in the user data)
+    /etc/gpuprov/join.env                      0600  GPUPROV_API_URL, GPUPROV_JOIN_TOKEN, GPUPROV_VM
+    /etc/gpuprov/api-ca.pem                    0644  the API's CA, with `[api] ca_file`
+    /etc/systemd/system/gpuprov-agent.service  0644  the unit below
+
+and runcmd enables and starts the unit, so the agent runs from the first boot on and again
+after every reboot:
+
+    ExecStartPre  sha256sum checks the agent against the hash written into the unit itself: a
+                  file changed after cloud-init wrote it, or a broken decode, never runs
+    ExecStart     /usr/bin/python3 -I -S <agent> run --url <api> --token-file <join.env>
+                  --state-dir /var/lib/gpuprov [--ca-file <ca>]
+    Restart       on failure, every 15 s (an API that is down, a network not up yet), but not
+                  after the agent's exit 2 (refused for good: a used or expired token)
+
+`-I -S`: the system interpreter, isolated from PYTHON* variables, the user's site directory
+and site-packages; the agent needs nothing but the standard library. The join token is read
+from the root-only file, never from the command line or the unit's environment.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from importlib import resources
+
+AGENT_PATH = "/usr/local/lib/gpuprov/agent.py"
+JOIN_ENV_PATH = "/etc/gpuprov/join.env"
+CA_PATH = "/etc/gpuprov/api-ca.pem"
+STATE_DIR = "/var/lib/gpuprov"
+UNIT_NAME = "gpuprov-agent.service"
+UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
+PYTHON = "/usr/bin/python3"
+SHA256SUM = "/usr/bin/sha256sum"
+RESTART_SECONDS = 15
+EXIT_REFUSED = 2  # gpuprov/agent.py: an error that retrying cannot fix
+
+
+@functools.cache
+def agent_source() -> bytes:
+    """The node agent as shipped with this worker (gpuprov/agent.py)."""
+    return resources.files("gpuprov").joinpath("agent.py").read_bytes()
+
+
+def agent_sha256() -> str:
+    return hashlib.sha256(agent_source()).hexdigest()
+
+
+def agent_argv(api_url: str, ca: bool) -> list[str]:
+    """How the unit runs the agent (`run`: register once, then heartbeat)."""
+    argv = [PYTHON, "-I", "-S", AGENT_PATH, "run", "--url", api_url]
+    argv += ["--token-file", JOIN_ENV_PATH, "--state-dir", STATE_DIR]
+    return argv + (["--ca-file", CA_PATH] if ca else [])
+
+
+def check_argv(sha256: str) -> list[str]:
+    """The integrity check before every start: the agent's hash against the pinned one."""
+    check = f"echo '{sha256}  {AGENT_PATH}' | {SHA256SUM} --check --strict -"
+    return ["/bin/sh", "-c", check]
+
+
+def unit(api_url: str, ca: bool) -> str:
+    """The systemd unit that keeps the agent running. `api_url` must hold no control
+    character (providers/userdata.py refuses one)."""
+    return "\n".join(
+        [
+            "[Unit]",
+            "Description=gpuprov node agent: registers this machine, then heartbeats",
+            "Wants=network-online.target",
+            "After=network-online.target",
+            "",
+            "[Service]",
+            "Type=simple",
+            f"ExecStartPre={command_line(check_argv(agent_sha256()))}",
+            f"ExecStart={command_line(agent_argv(api_url, ca))}",
+            "Restart=on-failure",
+            f"RestartSec={RESTART_SECONDS}",
+            # The agent's exit 2: refused for good (a used or expired token, a CA that does not
+            # verify the API): starting it again cannot help. Exit 1 (API unreachable) retries.
+            f"RestartPreventExitStatus={EXIT_REFUSED}",
+            "UMask=0077",
+            "",
+            "[Install]",
+            "WantedBy=multi-user.target",
+            "",
+        ]
+    )
+
+
+def command_line(argv: list[str]) -> str:
+    """argv as one systemd command line: each word quoted, `%` and `$` doubled so systemd
+    neither expands a specifier nor a variable in it (systemd.service, "Command lines")."""
+    return " ".join(_systemd_word(word) for word in argv)
+
+
+def _systemd_word(word: str) -> str:
+    escaped = word.replace("%", "%%").replace("$", "$$")
+    if escaped and all(ch.isalnum() or ch in "/-._:=+" for ch in escaped):
+        return escaped
+    return '"' + escaped.replace("\\", "\\\\").replace('"', '\\"') + '"'
