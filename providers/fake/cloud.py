@@ -112,7 +112,12 @@ class FakeCloud(CloudProvider):
         )
         if fault is not None and fault.effect == "error":
             raise ProviderError(fault.kind, fault.message)
-        boot_mode = {"boot_failed": "failed", "boot_hang": "hang", "bad_runtime": "bad_runtime"}
+        boot_mode = {
+            "boot_failed": "failed",
+            "boot_hang": "hang",
+            "bad_runtime": "bad_runtime",
+            "no_agent": "no_agent",
+        }
         instance_id = self.state.add_instance(
             vm=spec.vm,
             region=offer.region,
@@ -195,6 +200,8 @@ class FakeCloud(CloudProvider):
         time (as a node runs one agent), so no second agent spends the token again."""
         pending = row.agent_state in ("pending", "running")
         if not self.config.simulate_agent or not pending or not row.join_token:
+            return
+        if row.boot_mode == "no_agent":
             return
         task = self._agents.get(row.id)
         if task is not None and not task.done():

@@ -30,7 +30,9 @@ class FakeInstanceType(Model):
 
 
 FakePrimitive = Literal["plan", "prepare", "create", "observe", "list", "delete", "cleanup"]
-FaultEffect = Literal["error", "lost_response", "boot_failed", "boot_hang", "bad_runtime", "delay"]
+FaultEffect = Literal[
+    "error", "lost_response", "boot_failed", "boot_hang", "bad_runtime", "no_agent", "delay"
+]
 
 
 class FaultRule(Model):
@@ -45,6 +47,7 @@ class FaultRule(Model):
     - boot_failed (create): the instance is created and boots into Failed.
     - boot_hang (create): the instance is created and never leaves Pending.
     - bad_runtime (create): the instance boots, but its agent reports a broken GPU runtime.
+    - no_agent (create): the instance boots, but its agent never registers (a bad image).
     - delay: the call sleeps `delay_seconds`, then proceeds normally (a slow API).
     """
 

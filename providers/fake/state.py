@@ -66,7 +66,7 @@ class InstanceRow:
     zone: str | None
     offer_id: str
     instance_type: str
-    boot_mode: str  # normal / failed / hang / bad_runtime / preempted
+    boot_mode: str  # normal / failed / hang / bad_runtime / no_agent / preempted
     created_at: float
     deleted_at: float | None
     api_url: str | None = None  # the node's bootstrap (the cloud's "user data")

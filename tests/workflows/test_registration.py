@@ -20,7 +20,7 @@ from sqlmodel import select
 from gpuprov.api import create_app, serving
 from gpuprov.client import JobNotFound, OffersQuery
 from gpuprov.config import FaultRule
-from gpuprov.db import CostRecord, JoinToken, VmRecord, WorkerRecord
+from gpuprov.db import BlockRecord, CostRecord, JoinToken, VmRecord, WorkerRecord
 from gpuprov.dev import free_port
 from gpuprov.engine import open_records
 from gpuprov.models import AttemptOutcome, JobState, WorkerCapabilities
@@ -133,6 +133,43 @@ async def test_incompatible_capabilities_tear_down_block_and_fail_over(
     worker_states = sorted(w.state for w in rows(sqlite_records, WorkerRecord))
     assert worker_states == ["revoked", "revoked"]
     assert final.state is JobState.COMPLETED
+
+
+async def test_a_node_that_cannot_reach_a_down_control_plane_blocks_no_offer(
+    client, task_queue, job_name, sqlite_records
+):
+    """The API is down (nothing listens where nodes are told to register): every node's
+    registration times out, but the outage is ours, so no offer is blocked for other jobs."""
+    down = f"http://127.0.0.1:{free_port()}"
+    config = agent_cloud(boot_timeout=2)
+    async with fake_worker(client, task_queue, config, sqlite_records, down) as (gpuprov, cloud):
+        handle = await gpuprov.submit(job(job_name, provisioning_timeout_seconds=60))
+        final = await asyncio.wait_for(handle.result(), 90)
+        assert_nothing_left(cloud)
+    assert final.state is JobState.FAILED
+    assert final.attempts, final.error
+    for attempt in final.attempts:
+        assert attempt.step == "await_registrations", attempt
+        assert "control plane was out" in (attempt.message or ""), attempt.message
+    assert final.blocks == []
+    assert rows(sqlite_records, BlockRecord) == []
+
+
+async def test_a_node_that_never_registers_while_the_control_plane_is_up_blocks_its_offer(
+    client, task_queue, job_name, sqlite_records, api_url
+):
+    """The same timeout with the API answering: the cloud's machine never came up as a node,
+    so its offer is blocked (the control case of the test above)."""
+    silent = FaultRule(primitive="create", effect="no_agent", offer=OFFER_A)
+    async with fake_worker(
+        client, task_queue, agent_cloud(silent, boot_timeout=2), sqlite_records, api_url
+    ) as (gpuprov, cloud):
+        at_ready, _ = await ready_then_release(await gpuprov.submit(job(job_name)))
+        assert_nothing_left(cloud)
+    first = at_ready.attempts[0]
+    assert (first.offer.id, first.step) == (OFFER_A, "await_registrations")
+    assert "control plane" not in (first.message or "")
+    assert [(b.key, b.kind) for b in at_ready.blocks] == [(OFFER_A, ErrorKind.FAILED)]
 
 
 async def test_a_block_recorded_by_one_job_steers_the_next_until_it_expires(
