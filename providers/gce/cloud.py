@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 
 from providers.base import (
+    Billing,
     Capabilities,
     CloudProvider,
     Diagnosis,
@@ -73,6 +74,13 @@ from providers.gce.parse import (
 from providers.gce.pricing import PriceBook
 from providers.settings import capabilities_from
 
+# "All vCPUs, GPUs, and GB of memory are charged a minimum of 1 minute ... After 1 minute,
+# instances are charged in 1 second increments."
+BILLING = Billing(
+    granularity_seconds=1,
+    minimum_seconds=60,
+    source="https://cloud.google.com/compute/vm-instance-pricing",
+)
 CHAIN = 3  # request ids tried per call when earlier ones ended in a retryable failure
 EVENTS_LISTED = 50
 
@@ -99,7 +107,7 @@ class GceCloud(CloudProvider):
         self.prices = PriceBook(self.client, config.billing_base_url, config.price_cache_seconds)
 
     def capabilities(self) -> Capabilities:
-        return capabilities_from(self.config, cloud_init=True)
+        return capabilities_from(self.config, cloud_init=True, billing=BILLING)
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -45,6 +45,7 @@ from typing import Any
 import httpx
 
 from providers.base import (
+    Billing,
     Capabilities,
     CloudProvider,
     InstanceSpec,
@@ -85,6 +86,9 @@ from providers.settings import capabilities_from
 
 log = logging.getLogger(__name__)
 
+# Prime's documents state no billing increment or minimum for pods: an actual cost counts
+# exact seconds and says so.
+BILLING = Billing()
 ACCOUNT_WIDE = "global"  # the sweep region when none is configured: pods have no region
 _SECURITY = {"secure_cloud", "community_cloud"}
 
@@ -106,7 +110,7 @@ class PrimeCloud(CloudProvider):
         self._client = PrimeClient(config.base_url, key, config.request_timeout, transport)
 
     def capabilities(self) -> Capabilities:
-        return capabilities_from(self.config, unsupported=["user_data"])
+        return capabilities_from(self.config, unsupported=["user_data"], billing=BILLING)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -37,6 +37,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from providers.base import (
+    Billing,
     Capabilities,
     CloudProvider,
     InstanceSpec,
@@ -54,6 +55,8 @@ from providers.settings import capabilities_from
 
 log = logging.getLogger(__name__)
 
+# "All compute and storage charges are billed per second"; no minimum stated.
+BILLING = Billing(granularity_seconds=1, source="https://docs.runpod.io/accounts-billing/billing")
 DETAIL_KEYS = ("gpu_id", "gpu_count", "cloud", "data_center", "disk_gb")
 
 
@@ -77,7 +80,7 @@ class RunPodCloud(CloudProvider):
         self._client = client
 
     def capabilities(self) -> Capabilities:
-        return capabilities_from(self.config, unsupported=["spot", "user_data"])
+        return capabilities_from(self.config, unsupported=["spot", "user_data"], billing=BILLING)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from providers.base import (
+    Billing,
     Capabilities,
     CloudProvider,
     InstanceSpec,
@@ -53,6 +54,9 @@ from providers.vast.client import VastClient
 from providers.vast.config import VastConfig
 from providers.vast.errors import Op
 
+# The active rental cost is charged "for every second your instance is in the active/connected
+# state"; no minimum stated. Storage and bandwidth are charged apart and are not in the quote.
+BILLING = Billing(granularity_seconds=1, source="https://docs.vast.ai/billing-help")
 PROVIDER_ID = parse.PROVIDER_ID
 ACCOUNT_REGION = "all"  # the one region the reconciler needs to list: the whole account
 TAKEN_MEMORY_SECONDS = 600.0  # how long a listing that answered no_such_ask is skipped
@@ -75,7 +79,7 @@ class VastCloud(CloudProvider):
         self._taken = TakenListings()
 
     def capabilities(self) -> Capabilities:
-        return capabilities_from(self.config, unsupported=["spot"])
+        return capabilities_from(self.config, unsupported=["spot"], billing=BILLING)
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -410,6 +410,8 @@ async def test_cleanup_and_capabilities_make_no_call(cloud, vast_api):
     hints = cloud.capabilities()
     assert vast_api.requests == []
     assert (hints.node_agent, hints.unsupported) == (False, ["spot"])
+    # Vast charges the active rental per second, no minimum stated.
+    assert (hints.billing.granularity_seconds, hints.billing.minimum_seconds) == (1, 0)
     assert (hints.boot_timeout, hints.delete_timeout, hints.poll_interval) == (10, 10, 0.05)
 
 
