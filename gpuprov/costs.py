@@ -62,7 +62,8 @@ def billed_seconds(running: timedelta, granularity: float | None, minimum: float
 
 
 def billing_basis(granularity: float | None, minimum: float | None) -> str:
-    """The terms in words, for a record's source: "per 1 s, minimum 60 s", "exact seconds ..."."""
+    """The terms in words, for a record's source: "rounded up per 1 s, minimum 60 s", or
+    "exact seconds: ..." where the cloud documents no granularity."""
     if granularity:
         basis = f"rounded up per {granularity:g} s"
     else:
@@ -95,9 +96,8 @@ def actual_or_reason(row: VmRecord, seen_ids: Sequence[str] = ()) -> Actual | st
     granularity, minimum = row.billing_granularity_seconds, row.billing_minimum_seconds
     billed = billed_seconds(row.terminated_at - start, granularity, minimum)
     quote = f"{row.price_amount:g} {row.price_currency}/{row.price_unit} ({row.price_source})"
-    source = (
-        f"{quote} x {billed:g} s billed ({billing_basis(granularity, minimum)}), {started} to gone"
-    )
+    terms = billing_basis(granularity, minimum)
+    source = f"{quote} x {billed:.10g} s billed ({terms}), {started} to gone"
     return Actual(
         amount=row.price_amount * billed / unit_seconds,
         currency=row.price_currency,
