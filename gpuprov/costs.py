@@ -157,9 +157,10 @@ class ProviderCost(Model):
 
     job: str
     provider: str | None  # None: estimates recorded without their provider
-    # The distinct whole-job hourly rates recorded for its attempts here, in recorded order.
+    # The distinct whole-job hourly rates recorded for its attempts here, by currency and amount
+    # (attempts planned together share a quote time, so recorded order is no order).
     estimates: list[Money] = Field(default_factory=list)
-    actual: list[Money] = Field(default_factory=list)  # the actual records summed per currency
+    actual: list[Money] = Field(default_factory=list)  # actual records summed, one per currency
     machines: int = 0  # VM rows
     with_actual: int = 0
     # Machines launched without a quote: no actual can be computed for them.
@@ -272,6 +273,9 @@ def _per_provider(
             line.kept.append(row.vm)
         elif row.terminated_at is None:
             line.not_gone.append(row.vm)
+    for line in table.values():
+        line.estimates.sort(key=lambda money: (money.currency, money.unit, money.amount))
+        line.actual.sort(key=lambda money: money.currency)
     return sorted(table.values(), key=lambda line: (line.job, line.provider is None, line.provider))
 
 

@@ -275,8 +275,8 @@ def test_currencies_are_summed_apart_and_never_added_together(records: Records, 
 
     [line] = cost_report(records.db).providers
     assert [(m.currency, m.amount, m.unit) for m in line.actual] == [
-        ("USD", pytest.approx(5.0), "total"),
         ("EUR", pytest.approx(4.0), "total"),
+        ("USD", pytest.approx(5.0), "total"),
     ]
     assert line.with_actual == 3
 
@@ -284,7 +284,7 @@ def test_currencies_are_summed_apart_and_never_added_together(records: Records, 
 def test_the_report_shows_each_jobs_estimates_and_actuals_per_provider(
     records: Records, database: Database
 ):
-    for amount, provider in ((20.0, "fake"), (24.0, "fake"), (20.0, "fake"), (30.0, "aws")):
+    for amount, provider in ((24.0, "fake"), (20.0, "fake"), (24.0, "fake"), (30.0, "aws")):
         records.record_cost(
             job="train",
             kind="estimate",
