@@ -235,7 +235,10 @@ class CloudActivities:
                 return adopted
         with scrubbed(provider, step):
             if self._enrolment is not None:
-                spec = await asyncio.to_thread(self._enrolment.record_and_mint, request.offer, spec)
+                billing = provider.capabilities().billing
+                spec = await asyncio.to_thread(
+                    self._enrolment.record_and_mint, request.offer, spec, billing
+                )
             if request.offer.provider in self._ssh_bootstrap:
                 cloud_init = provider.capabilities().cloud_init
                 spec = await asyncio.to_thread(self._for_ssh_bootstrap, spec, cloud_init)
@@ -326,7 +329,7 @@ class CloudActivities:
             with scrubbed(provider, "wait_gone"):
                 await self._until_gone(provider, gone, heartbeat)
             if self._enrolment is not None:
-                await asyncio.to_thread(self._enrolment.terminated, request.vm)
+                await asyncio.to_thread(self._enrolment.terminated, request.vm, ids)
             with scrubbed(provider, "cleanup"):
                 await provider.cleanup(request.location, request.vm)
         return ids

@@ -3,7 +3,8 @@
 - reserve_existing_workers (called by activities/job_context.py): all-or-nothing reservation of
   idle, compatible existing workers (atomic per worker, so two jobs never get the same one).
 - active_blocks / record_block: blocks shared by every job until they expire.
-- record_cost: the estimate written when an attempt starts (and later actuals).
+- record_cost: the estimate written when an attempt starts (a machine's actual is written
+  by `Records.vm_terminated` when it is confirmed gone: gpuprov/costs.py).
 - mark_vm: VM row status as teardown confirms it; a terminated VM's worker is revoked.
 - mark_placed: at ready, the job's workers become busy and its VM rows running.
 - record_orphan: a termination that did not confirm; the reconciler keeps trying (a new
@@ -47,6 +48,7 @@ class CostInput(Model):
     job: str
     kind: str = "estimate"
     quote: PriceQuote
+    provider: str | None = None  # the offer's provider, for `gpuprov cost` per provider
 
 
 class VmStatusInput(Model):
@@ -164,6 +166,7 @@ class StoreActivities:
                 unit=quote.unit,
                 source=quote.source,
                 recorded_at=quote.observed_at,
+                provider=request.provider,
             )
         )
 

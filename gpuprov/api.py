@@ -3,11 +3,13 @@
     POST /v1/workers/register  {token, capabilities, identity?}   the join token in the body
     GET  /v1/workers                                              an operator API key
     GET  /v1/workers/me                                           the worker's credential
+    GET  /v1/cost[?job=NAME]                                      an operator API key
     GET  /v1/health                                               open
 
 Who may call what is declared per endpoint with gpuprov/auth.py's dependencies; the workers
 endpoints live in gpuprov/api_workers.py. A registration answers the worker's credential once
-(only its SHA-256 is stored): the node presents it on every later call.
+(only its SHA-256 is stored): the node presents it on every later call. The cost endpoint lives
+in gpuprov/api_cost.py.
 
 The token is checked by its SHA-256 (unknown, used and expired tokens are 401), used once, and
 bound to one VM row (a managed node) or one reservation label (an existing worker). Identity —
@@ -45,7 +47,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from gpuprov import api_workers, auth, pem
+from gpuprov import api_cost, api_workers, auth, pem
 from gpuprov.auth import AuthFailures
 from gpuprov.config import ConfigError
 from gpuprov.credentials import Credentials, issue_worker_credential
@@ -194,6 +196,7 @@ def create_app(
     app.state.records = records
     auth.install(app, Credentials(records.db) if records is not None else None, auth_failures)
     api_workers.add_routes(app)
+    api_cost.add_routes(app)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:

@@ -13,6 +13,8 @@
     gpuprov orphans [--all]           machines the reconciler is (or was) cleaning up, and
                                       those whose job is stuck or whose owner is unknown
     gpuprov end NAME [--yes]          end a stuck job: terminate it, delete its machines
+    gpuprov cost [JOB] [--json]       per job and provider: hourly estimate and actual cost;
+                                      with JOB, each machine: quote, launched, gone, billed
     gpuprov token create --label L    a single-use join token for a box you own
     gpuprov join --url U              on that box: probe it, register it as an existing worker
     gpuprov apikey create|list|revoke operator API keys for the control-plane API
@@ -60,6 +62,7 @@ from gpuprov.config import (
     check_address,
     load_settings,
 )
+from gpuprov.costs import cost_report
 from gpuprov.db import DatabaseUnavailable
 from gpuprov.dev import dev_stack, with_default_cloud
 from gpuprov.engine import open_records, open_records_patiently
@@ -75,6 +78,7 @@ from gpuprov.models import (
 )
 from gpuprov.render import (
     capabilities_text,
+    cost_text,
     health_text,
     offers_text,
     orphans_text,
@@ -143,6 +147,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     orphans.add_argument("--all", action="store_true", help="resolved ones too")
     end_command.add_parser(commands)
+    cost = commands.add_parser(
+        "cost",
+        help="what jobs cost: hourly estimates and actual costs (per machine with a job)",
+        description=(
+            "Read from gpuprov's database: per job and provider, the hourly estimates of its "
+            "attempts and the actual cost of its machines gone so far, per currency. With a "
+            "job, each machine: provider, region, instance type, quote, launched, gone, billed "
+            "seconds, amount, or why it has none (no quote, kept, not gone yet)."
+        ),
+    )
+    cost.add_argument("job", nargs="?", help="one job: each of its machines as well")
+    cost.add_argument("--json", action="store_true")
     token = commands.add_parser("token", help="join tokens for machines you own")
     token_commands = token.add_subparsers(dest="token_command", required=True)
     create = token_commands.add_parser("create", help="mint a single-use join token (shown once)")
@@ -344,6 +360,16 @@ async def _orphans(settings: Settings, args: argparse.Namespace) -> int:
     return 0
 
 
+async def _cost(settings: Settings, args: argparse.Namespace) -> int:
+    records = open_records(settings.database_url)
+    try:
+        report = cost_report(records.db, args.job)
+    finally:
+        records.db.dispose()
+    print(report.model_dump_json(indent=2) if args.json else cost_text(report))
+    return 0
+
+
 async def _situations(settings: Settings, jobs: set[str]) -> dict[str, owners.JobSituation]:
     """What Temporal says about each job; "owner unknown" for all when it cannot be reached."""
     if not jobs:
@@ -430,6 +456,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], Awaitable[int]]] = 
     "schedules": schedules.command,
     "orphans": _orphans,
     "end": end_command.command,
+    "cost": _cost,
     "token": _token,
     "join": _join,
     "codec-server": _codec_server,

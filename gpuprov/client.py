@@ -7,6 +7,7 @@ await handle.release()
 final = await handle.result()
 jobs = await client.list(state=JobState.READY, provider="lambda")  # [JobSummary]
 report = await client.end_job("train-7b", reason="stuck after a bad deploy")  # EndReport
+costs = await client.cost("train-7b")  # CostReport; needs database_url= on connect
 
 Every failure is a GpuprovError (JobNotFound, JobAlreadyExists) whose message says what went
 wrong; a wait that runs out raises TimeoutError. examples/sdk_service.py is a worked example.
@@ -21,6 +22,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
+from sqlalchemy.exc import SQLAlchemyError
 from temporalio.client import (
     Client,
     WorkflowExecution,
@@ -37,6 +39,8 @@ from activities.health import HealthInput
 from gpuprov import search_attributes
 from gpuprov.config import CodecSettings, ConfigError, TemporalSettings
 from gpuprov.connection import connect_temporal
+from gpuprov.costs import CostReport, MachineCost, Money, ProviderCost, cost_report
+from gpuprov.db import Database
 from gpuprov.models import HealthReport, JobSpec, JobState, JobStatus, workflow_id_for
 from providers import PROVIDER_IDS
 from providers.base import Model, ResourceRequest
@@ -205,9 +209,15 @@ def _summary(execution: WorkflowExecution) -> JobSummary:
 
 
 class GpuprovClient:
-    def __init__(self, client: Client, task_queue: str = DEFAULT_TASK_QUEUE) -> None:
+    def __init__(
+        self,
+        client: Client,
+        task_queue: str = DEFAULT_TASK_QUEUE,
+        database_url: str | None = None,
+    ) -> None:
         self.temporal = client
         self.task_queue = task_queue
+        self.database_url = database_url  # gpuprov's database, for `cost`
 
     @classmethod
     async def connect(
@@ -218,6 +228,7 @@ class GpuprovClient:
         codec: CodecSettings | None = None,
         *,
         settings: TemporalSettings | None = None,
+        database_url: str | None = None,
     ) -> GpuprovClient:
         """Connect to Temporal.
 
@@ -226,7 +237,8 @@ class GpuprovClient:
         values. With payload encryption on (`[codec]` in gpuprov.toml), pass the same `codec`
         settings as the workers, e.g. `load_settings().codec`. A setting that cannot work (a
         certificate, key, CA or API key) raises GpuprovError naming it; so does an address
-        where nothing answers."""
+        where nothing answers. `database_url` (`load_settings().database_url`) is gpuprov's
+        database, which `cost` reads."""
         overrides = {"address": address, "namespace": namespace, "task_queue": task_queue}
         temporal = (settings or TemporalSettings()).model_copy(
             update={name: value for name, value in overrides.items() if value is not None}
@@ -237,7 +249,7 @@ class GpuprovClient:
             raise GpuprovError(str(error)) from None
         except (RuntimeError, ValueError) as error:  # ValueError: an address it cannot parse
             raise GpuprovError(f"cannot reach Temporal at {temporal.address}: {error}") from None
-        return cls(client, temporal.task_queue)
+        return cls(client, temporal.task_queue, database_url)
 
     async def submit(self, spec: JobSpec) -> JobHandle:
         attributes = [SearchAttributePair(search_attributes.STATE, JobState.QUEUED.value)]
@@ -331,6 +343,17 @@ class GpuprovClient:
             raise GpuprovError(f"cannot terminate job {name!r}: {error}") from None
         return True, "terminated"
 
+    async def cost(self, job: str | None = None) -> CostReport:
+        """What jobs cost, read from gpuprov's database (as `gpuprov cost` reads it): per job
+        and provider the hourly estimates and the actual totals per currency; with `job`, each
+        of its machines too (quote, launched, gone, billed seconds, amount, or why none)."""
+        if self.database_url is None:
+            raise GpuprovError(
+                "cost reads gpuprov's database: connect with database_url= "
+                "(load_settings().database_url)"
+            )
+        return await asyncio.to_thread(_read_cost, self.database_url, job)
+
     async def offers(self, query: OffersQuery, timeout: float = 300) -> OffersResult:
         """Offers a job would try, cheapest first, planned by a worker (it holds the keys)."""
         try:
@@ -379,7 +402,19 @@ class GpuprovClient:
             ) from None
 
 
+def _read_cost(database_url: str, job: str | None) -> CostReport:
+    """The report from the database as it is: nothing is migrated or written."""
+    database = Database(database_url)
+    try:
+        return cost_report(database, job)
+    except SQLAlchemyError as error:
+        raise GpuprovError(f"cannot read costs from gpuprov's database: {error}") from None
+    finally:
+        database.dispose()
+
+
 __all__ = [
+    "CostReport",
     "EndReport",
     "GpuprovClient",
     "GpuprovError",
@@ -390,6 +425,9 @@ __all__ = [
     "JobState",
     "JobStatus",
     "JobSummary",
+    "MachineCost",
+    "Money",
     "OffersQuery",
+    "ProviderCost",
     "ResourceRequest",
 ]

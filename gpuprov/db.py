@@ -113,8 +113,18 @@ class VmRecord(Table, table=True):
     zone: str | None = None
     instance_ids: list[str] = _json()
     status: str  # VM_STATUSES
-    created_at: datetime = _time()
+    created_at: datetime = _time()  # recorded, just before the create call
     terminated_at: datetime | None = _time(nullable=True)
+    # The offer it was created from: what an actual cost is computed from when it is gone.
+    instance_type: str | None = None
+    price_amount: float | None = None  # the offer's quote, per instance; None: no quote
+    price_currency: str | None = None
+    price_unit: str | None = None  # "hour": the amount is per instance-hour
+    price_source: str | None = _text(nullable=True)
+    billing_granularity_seconds: float | None = None  # the cloud's documented terms, if any
+    billing_minimum_seconds: float | None = None
+    # When the cloud accepted the create (its answer, or the observe that adopted what it made).
+    launched_at: datetime | None = _time(nullable=True)
 
 
 class JoinToken(Table, table=True):
@@ -139,17 +149,33 @@ class JoinToken(Table, table=True):
 
 
 class CostRecord(Table, table=True):
+    """An `estimate` (a job's hourly rate on an offer) or an `actual` (what one machine cost
+    from launch to gone); gpuprov/costs.py computes and reads them."""
+
     __tablename__ = "cost_records"
-    __table_args__ = (sa.Index("ix_cost_records_job", "job"),)
+    __table_args__ = (
+        sa.Index("ix_cost_records_job", "job"),
+        # One actual per machine, however often its termination is confirmed.
+        sa.Index(
+            "uq_cost_records_actual_vm",
+            "vm",
+            unique=True,
+            sqlite_where=sa.text("kind = 'actual'"),
+            postgresql_where=sa.text("kind = 'actual'"),
+        ),
+    )
 
     id: str = Field(default_factory=new_id, primary_key=True)
     job: str
     kind: str  # COST_KINDS
     amount: float
     currency: str
-    unit: str
+    unit: str  # "hour" for an estimate; "total" for an actual
     source: str
     recorded_at: datetime = _time()
+    provider: str | None = None  # the offer's provider, where the writer knew it
+    vm: str | None = None  # an actual's machine
+    billed_seconds: float | None = None  # an actual's running time as billed
 
 
 class BlockRecord(Table, table=True):

@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from gpuprov.costs import record_actual
 from gpuprov.credentials import delete_worker_credentials, revoke_worker_credentials
 from gpuprov.db import (
     BLOCK_SCOPES,
@@ -41,6 +42,7 @@ from gpuprov.db import (
     WorkerRecord,
     utcnow,
 )
+from providers.base import Billing, PriceQuote
 from providers.errors import ErrorKind
 
 TokenRejection = Literal["unknown", "used", "expired"]
@@ -110,9 +112,13 @@ class Records:
         provider: str,
         region: str,
         zone: str | None,
+        instance_type: str | None = None,
+        price: PriceQuote | None = None,
+        billing: Billing | None = None,
     ) -> VmRecord:
         """Record a VM before its create call; a second call for the same `vm` returns the
-        existing row unchanged (an activity retry), unless it belongs to another job."""
+        existing row unchanged (an activity retry), unless it belongs to another job. The
+        offer's quote and the cloud's billing terms stay on the row for its actual cost."""
         row = VmRecord(
             job=job,
             node_index=node_index,
@@ -124,6 +130,13 @@ class Records:
             instance_ids=[],
             status="recorded",
             created_at=utcnow(),
+            instance_type=instance_type,
+            price_amount=price.amount if price else None,
+            price_currency=price.currency if price else None,
+            price_unit=price.unit if price else None,
+            price_source=price.source if price else None,
+            billing_granularity_seconds=billing.granularity_seconds if billing else None,
+            billing_minimum_seconds=billing.minimum_seconds if billing else None,
         )
         existing = self.get_vm(vm)
         if existing is None:
@@ -141,8 +154,12 @@ class Records:
         return existing
 
     def set_vm_instances(self, vm: str, instance_ids: list[str], status: str) -> None:
+        """Set the ids and status; "created" also stamps launched_at (once: the cloud accepted
+        the create then, and a repeat keeps the first moment)."""
         _check(status, VM_STATUSES, "VM status")
         values: dict[str, Any] = {"instance_ids": list(instance_ids), "status": status}
+        if status == "created":
+            values["launched_at"] = sa.func.coalesce(VmRecord.launched_at, _time(utcnow()))
         self._update_vm(vm, values)
 
     def set_vm_status(self, vm: str, status: str) -> None:
@@ -151,16 +168,19 @@ class Records:
         values = _terminated(utcnow()) if status == "terminated" else {"status": status}
         self._update_vm(vm, values)
 
-    def vm_terminated(self, vm: str) -> None:
-        """One transaction: the row says terminated (stamped once) and the worker that ran on
-        the machine is revoked, with its credential. A VM without a row (its create never ran)
-        is left alone."""
+    def vm_terminated(self, vm: str, seen_ids: Sequence[str] = ()) -> None:
+        """One transaction: the row says terminated (stamped once), the machine's actual cost is
+        recorded (once; gpuprov/costs.py) and the worker that ran on the machine is revoked,
+        with its credential. `seen_ids`: what teardown found and deleted, proof that a machine
+        existed even where the create's answer was lost. A VM without a row (its create never
+        ran) is left alone."""
         now = utcnow()
         with self.db.session() as session:
             job = session.exec(select(VmRecord.job).where(VmRecord.vm == vm)).first()
             if job is None:
                 return
             session.exec(_update(VmRecord).where(col(VmRecord.vm) == vm).values(_terminated(now)))
+            record_actual(session, vm, seen_ids)
             session.exec(
                 _update(WorkerRecord)
                 .where(
@@ -299,6 +319,7 @@ class Records:
         unit: str,
         source: str,
         recorded_at: datetime | None = None,
+        provider: str | None = None,
     ) -> CostRecord:
         row = CostRecord(
             job=job,
@@ -308,6 +329,7 @@ class Records:
             unit=unit,
             source=source,
             recorded_at=utcnow() if recorded_at is None else _aware(recorded_at, "recorded_at"),
+            provider=provider,
         )
         with self.db.session() as session:
             session.add(row)

@@ -1,10 +1,11 @@
-"""Plain-text views of jobs, offers, orphans and ended jobs for the CLI and the demo."""
+"""Plain-text views of jobs, offers, orphans, ended jobs and costs for the CLI and the demo."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
 from gpuprov.client import EndReport
+from gpuprov.costs import CostReport, MachineCost, Money, ProviderCost
 from gpuprov.db import OrphanRecord
 from gpuprov.models import HealthReport, JobStatus, WorkerCapabilities
 from gpuprov.owners import JobSituation, Standing, Unheld
@@ -180,3 +181,68 @@ def health_text(reports: list[HealthReport]) -> str:
         for finding in sorted(report.findings, key=lambda f: order[f.severity]):
             lines.append(f"    {finding.severity.value:8} {finding.code}: {finding.message}")
     return "\n".join(lines) or "no machines"
+
+
+COST_FORMULA = (
+    "actual = quote x running time (launched to confirmed gone, gpuprov's clock) rounded up at "
+    "the cloud's billing granularity and minimum; not the cloud's invoice"
+)
+
+
+def cost_text(report: CostReport) -> str:
+    """`gpuprov cost`: per job and provider, the hourly estimates and the actual totals (per
+    currency), then why machines have none; with a job, each machine first."""
+    if not report.providers:
+        suffix = f" for job {report.job}" if report.job else ""
+        return f"no cost records or machines{suffix}"
+    lines = [f"job {report.job}:"] if report.job else []
+    for machine in report.machines:
+        lines += _machine_lines(machine)
+    for line in report.providers:
+        lines += _provider_lines(line)
+    lines.append(COST_FORMULA)
+    return "\n".join(lines)
+
+
+def _money(money: Money) -> str:
+    # Cents, but a short run's fraction of a cent still shows.
+    digits = 2 if money.amount == 0 or money.amount >= 0.1 else 4
+    amount = f"{money.amount:.{digits}f}"
+    per = f"/{money.unit}" if money.unit != "total" else ""
+    return f"{amount} {money.currency}{per}"
+
+
+def _provider_lines(line: ProviderCost) -> list[str]:
+    provider = line.provider or "(provider not recorded)"
+    estimate = ", ".join(_money(m) for m in line.estimates) or "none recorded"
+    actual = " + ".join(_money(m) for m in line.actual) if line.actual else "none"
+    lines = [
+        f"{line.job} on {provider}: estimate {estimate}; actual {actual} "
+        f"({line.with_actual} of {line.machines} machine(s) with an actual)"
+    ]
+    for vms, why in (
+        (line.unpriced, "no quote, so no actual cost can be computed"),
+        (line.kept, "kept (release: keep), still running: no actual"),
+        (line.not_gone, "not confirmed gone yet: no actual yet"),
+    ):
+        if vms:
+            lines.append(f"    {why}: {', '.join(vms)}")
+    return lines
+
+
+def _machine_lines(machine: MachineCost) -> list[str]:
+    where = f"{machine.provider}/{machine.zone or machine.region}"
+    quote = machine.quote
+    quoted = f"{quote.amount:g} {quote.currency}/{quote.unit}" if quote else "no quote"
+    launched = _when(machine.launched_at) if machine.launched_at else "-"
+    gone = _when(machine.gone_at) if machine.gone_at else "-"
+    lines = [
+        f"  attempt {machine.attempt} node {machine.node_index} {machine.vm} [{where} "
+        f"{machine.instance_type or '-'}] {machine.status}",
+        f"      quote {quoted}; launched {launched}; gone {gone}",
+    ]
+    if machine.amount is not None and machine.billed_seconds is not None:
+        lines.append(f"      billed {machine.billed_seconds:g} s: {_money(machine.amount)}")
+    else:
+        lines.append(f"      {machine.note}")
+    return lines

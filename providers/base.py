@@ -168,6 +168,19 @@ class Observed(Model):
     message: str | None = None  # the provider's own words about its state, if any
 
 
+class Billing(Model):
+    """How a cloud turns a machine's running time into a bill, as its own documents state it.
+
+    `granularity_seconds`: running time is billed in whole increments of this length (60: per
+    minute, 1: per second); None where the cloud documents none, and an actual cost then counts
+    exact seconds and says so. `minimum_seconds`: the least time a machine is billed for, where
+    the cloud documents a minimum. `source`: the vendor document that states both."""
+
+    granularity_seconds: float | None = Field(default=None, gt=0)
+    minimum_seconds: float = Field(default=0.0, ge=0)
+    source: str | None = None
+
+
 class Capabilities(Model):
     """What a provider cannot do, and how long its machines take (the core's wait bounds)."""
 
@@ -185,6 +198,9 @@ class Capabilities(Model):
     boot_timeout: float = Field(default=1200.0, gt=0)  # seconds until Running
     delete_timeout: float = Field(default=600.0, gt=0)  # seconds until gone
     poll_interval: float = Field(default=10.0, gt=0)  # seconds between observe calls
+    # How running time is billed (per second, per minute with a minimum, ...): the actual cost
+    # of a machine is its quote times its running time rounded up by these terms.
+    billing: Billing = Field(default_factory=Billing)
 
 
 class Severity(StrEnum):

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, SecretStr
 
-from providers.base import Capabilities, Model
+from providers.base import Billing, Capabilities, Model
 
 
 class MissingCredentials(Exception):
@@ -95,6 +95,7 @@ def capabilities_from(
     unsupported: Iterable[str] = (),
     node_agent: bool = False,
     cloud_init: bool = False,
+    billing: Billing | None = None,
 ) -> Capabilities:
     """An adapter's Capabilities: what it cannot do, and its section's timing hints (the core's
     wait bounds)."""
@@ -105,6 +106,7 @@ def capabilities_from(
         boot_timeout=config.boot_timeout,
         delete_timeout=config.delete_timeout,
         poll_interval=config.poll_interval,
+        billing=billing or Billing(),
     )
 
 

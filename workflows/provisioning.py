@@ -223,7 +223,8 @@ class Provisioning:
         quote = offer.price.model_copy(update={"amount": offer.price.amount * self.spec.nodes})
         self.status.hourly_cost = quote
         metrics.estimated_spend(offer.provider, quote)
-        await run_step(StoreActivities.record_cost, CostInput(job=self.spec.name, quote=quote))
+        estimate = CostInput(job=self.spec.name, quote=quote, provider=offer.provider)
+        await run_step(StoreActivities.record_cost, estimate)
 
     async def add_block(self, scope: BlockScope, key: str, failure: StepFailure) -> None:
         if any(b.scope is scope and b.key == key for b in self.status.blocks):

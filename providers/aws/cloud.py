@@ -42,6 +42,7 @@ from providers.aws.client import Ec2Api, StaticCredentials, check_chain
 from providers.aws.config import AwsConfig
 from providers.aws.pricing import Prices
 from providers.base import (
+    Billing,
     Capabilities,
     CloudProvider,
     Diagnosis,
@@ -59,6 +60,13 @@ from providers.userdata import compressed_user_data
 
 log = logging.getLogger(__name__)
 
+# Linux instances (on-demand and spot) are billed "on one second increments, with a minimum of
+# 60 seconds"; the Price List quote is for Linux without a separately charged distribution.
+BILLING = Billing(
+    granularity_seconds=1,
+    minimum_seconds=60,
+    source="https://aws.amazon.com/about-aws/whats-new/2017/10/announcing-amazon-ec2-per-second-billing/",
+)
 PROVIDER_ID = "aws"
 GONE = frozenset({"InvalidInstanceID.NotFound", "InvalidInstanceID.Malformed"})
 TYPES_PER_CALL = 100  # DescribeInstanceTypes takes at most 100 names
@@ -104,7 +112,7 @@ class AwsCloud(CloudProvider):
 
     def capabilities(self) -> Capabilities:
         # node_agent: the user data installs the agent as a systemd service (providers/userdata.py).
-        return capabilities_from(self.config, node_agent=True, cloud_init=True)
+        return capabilities_from(self.config, node_agent=True, cloud_init=True, billing=BILLING)
 
     async def aclose(self) -> None:
         await self._api.aclose()

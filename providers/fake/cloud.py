@@ -71,7 +71,9 @@ class FakeCloud(CloudProvider):
         self._agents: dict[str, asyncio.Task[None]] = {}  # instance id -> registering agent
 
     def capabilities(self) -> Capabilities:
-        return capabilities_from(self.config, node_agent=self.config.simulate_agent)
+        return capabilities_from(
+            self.config, node_agent=self.config.simulate_agent, billing=self.config.billing
+        )
 
     async def aclose(self) -> None:
         for task in self._agents.values():

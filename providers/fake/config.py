@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from providers.base import Model
+from providers.base import Billing, Model
 from providers.errors import ErrorKind
 from providers.settings import ProviderSettings
 
@@ -96,3 +96,6 @@ class FakeProviderConfig(ProviderSettings):
     # API with the join token they were given; jobs then wait for that registration.
     simulate_agent: bool = False
     faults: list[FaultRule] = Field(default_factory=list)
+    # How its simulated machines are billed: exact seconds unless set (`[providers.fake.billing]
+    # granularity_seconds = 60`, `minimum_seconds = 60`), so tests can exercise any cloud's terms.
+    billing: Billing = Field(default_factory=Billing)

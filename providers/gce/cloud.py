@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 
 from providers.base import (
+    Billing,
     Capabilities,
     CloudProvider,
     Diagnosis,
@@ -73,6 +74,13 @@ from providers.gce.parse import (
 from providers.gce.pricing import PriceBook
 from providers.settings import capabilities_from
 
+# "All vCPUs, GPUs, and GB of memory are charged a minimum of 1 minute ... After 1 minute,
+# instances are charged in 1 second increments."
+BILLING = Billing(
+    granularity_seconds=1,
+    minimum_seconds=60,
+    source="https://cloud.google.com/compute/vm-instance-pricing",
+)
 CHAIN = 3  # request ids tried per call when earlier ones ended in a retryable failure
 EVENTS_LISTED = 50
 
@@ -100,7 +108,7 @@ class GceCloud(CloudProvider):
 
     def capabilities(self) -> Capabilities:
         # node_agent: the user data installs the agent as a systemd service (providers/userdata.py).
-        return capabilities_from(self.config, node_agent=True, cloud_init=True)
+        return capabilities_from(self.config, node_agent=True, cloud_init=True, billing=BILLING)
 
     async def aclose(self) -> None:
         await self.client.aclose()

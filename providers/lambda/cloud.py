@@ -41,6 +41,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from providers.base import (
+    Billing,
     Capabilities,
     CloudProvider,
     Diagnosis,
@@ -61,6 +62,8 @@ from .client import LambdaClient
 from .config import LambdaConfig
 from .errors import Gone, Op
 
+# "ODC prices instances by hourly usage and bills in one-minute increments"; no minimum stated.
+BILLING = Billing(granularity_seconds=60, source="https://docs.lambda.ai/public-cloud/billing")
 MAX_PUBLIC_KEY = 4096  # Lambda's limit on an SSH public key
 MAX_USER_DATA = 1_000_000  # bytes; Lambda refuses user data over 1 MB
 _UUID = re.compile(
@@ -109,7 +112,7 @@ class LambdaCloud(CloudProvider):
     def capabilities(self) -> Capabilities:
         # node_agent: the user data installs the agent as a systemd service (providers/userdata.py).
         return capabilities_from(
-            self.config, unsupported=["spot"], node_agent=True, cloud_init=True
+            self.config, unsupported=["spot"], node_agent=True, cloud_init=True, billing=BILLING
         )
 
     async def aclose(self) -> None:

@@ -46,6 +46,7 @@ from typing import Any
 import httpx
 
 from providers.base import (
+    Billing,
     Capabilities,
     CloudProvider,
     InstanceSpec,
@@ -86,6 +87,9 @@ from providers.settings import capabilities_from
 
 log = logging.getLogger(__name__)
 
+# Prime's documents state no billing increment or minimum for pods: an actual cost counts
+# exact seconds and says so.
+BILLING = Billing()
 ACCOUNT_WIDE = "global"  # the sweep region when none is configured: pods have no region
 _SECURITY = {"secure_cloud", "community_cloud"}
 
@@ -108,7 +112,9 @@ class PrimeCloud(CloudProvider):
 
     def capabilities(self) -> Capabilities:
         # node_agent: started over SSH by the core (the section's ssh_bootstrap is always on).
-        return capabilities_from(self.config, unsupported=["user_data"], node_agent=True)
+        return capabilities_from(
+            self.config, unsupported=["user_data"], node_agent=True, billing=BILLING
+        )
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -39,6 +39,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from providers.base import (
+    Billing,
     Capabilities,
     CloudProvider,
     InstanceSpec,
@@ -56,6 +57,8 @@ from providers.settings import capabilities_from
 
 log = logging.getLogger(__name__)
 
+# "All compute and storage charges are billed per second"; no minimum stated.
+BILLING = Billing(granularity_seconds=1, source="https://docs.runpod.io/accounts-billing/billing")
 DETAIL_KEYS = ("gpu_id", "gpu_count", "cloud", "data_center", "disk_gb")
 
 
@@ -80,7 +83,9 @@ class RunPodCloud(CloudProvider):
 
     def capabilities(self) -> Capabilities:
         # node_agent: started over SSH by the core (the section's ssh_bootstrap is always on).
-        return capabilities_from(self.config, unsupported=["spot", "user_data"], node_agent=True)
+        return capabilities_from(
+            self.config, unsupported=["spot", "user_data"], node_agent=True, billing=BILLING
+        )
 
     async def aclose(self) -> None:
         await self._client.aclose()

@@ -38,6 +38,7 @@ import asyncssh
 from sqlalchemy.exc import DBAPIError
 
 from providers.base import (
+    Billing,
     Capabilities,
     CloudProvider,
     InstanceSpec,
@@ -56,6 +57,9 @@ from providers.ssh.claims import ClaimStore
 from providers.ssh.config import SshConfig, SshHost
 from providers.ssh_common import describe_error, public_line
 
+# The price is the owner's own accounting for the machine, with no billing increment: an
+# actual cost counts exact seconds and says so.
+BILLING = Billing()
 PROVIDER_ID = "ssh"
 PRICE_SOURCE = "config"
 MAX_CONCURRENT_CHECKS = 16
@@ -86,7 +90,7 @@ class SshMachines(CloudProvider):
 
     def capabilities(self) -> Capabilities:
         # node_agent: the core sets it, with ssh_bootstrap, when it runs activities/bootstrap.py.
-        return capabilities_from(self.config, unsupported=["spot", "user_data"])
+        return capabilities_from(self.config, unsupported=["spot", "user_data"], billing=BILLING)
 
     async def aclose(self) -> None:
         self._claims.close()

@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from providers.base import (
+    Billing,
     Capabilities,
     CloudProvider,
     InstanceSpec,
@@ -55,6 +56,9 @@ from providers.vast.client import VastClient
 from providers.vast.config import VastConfig
 from providers.vast.errors import Op
 
+# The active rental cost is charged "for every second your instance is in the active/connected
+# state"; no minimum stated. Storage and bandwidth are charged apart and are not in the quote.
+BILLING = Billing(granularity_seconds=1, source="https://docs.vast.ai/billing-help")
 PROVIDER_ID = parse.PROVIDER_ID
 ACCOUNT_REGION = "all"  # the one region the reconciler needs to list: the whole account
 TAKEN_MEMORY_SECONDS = 600.0  # how long a listing that answered no_such_ask is skipped
@@ -78,7 +82,9 @@ class VastCloud(CloudProvider):
 
     def capabilities(self) -> Capabilities:
         # node_agent: started over SSH by the core (the section's ssh_bootstrap is always on).
-        return capabilities_from(self.config, unsupported=["spot"], node_agent=True)
+        return capabilities_from(
+            self.config, unsupported=["spot"], node_agent=True, billing=BILLING
+        )
 
     async def aclose(self) -> None:
         await self._client.aclose()

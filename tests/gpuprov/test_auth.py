@@ -116,7 +116,7 @@ async def test_every_endpoint_declares_who_may_call_it(app: FastAPI, api: httpx.
         if isinstance(route, APIRoute)
         for method in route.methods
     )
-    assert operator == [("GET", "/v1/workers")]
+    assert operator == [("GET", "/v1/cost"), ("GET", "/v1/workers")]
     assert worker == [("GET", "/v1/workers/me")]
     # Everything but health checks a secret (the join token checks its own, throttled).
     assert sorted(set(every) - set(throttled)) == [("GET", "/v1/health")]

@@ -71,7 +71,7 @@ def test_upgrade_creates_exactly_the_tables(empty: Database):
 
     assert set(sa.inspect(empty.engine).get_table_names()) == TABLES | {"alembic_version"}
     assert {table.name for table in metadata.sorted_tables} == TABLES
-    assert empty.current_revision() == head() == "0005_work"
+    assert empty.current_revision() == head() == "0006_cost"
     described = schema(empty)
     assert ("uq_vms_vm", ("vm",)) in described["vms"]["unique"]
     assert ("uq_blocks_scope_key", ("scope", "key")) in described["blocks"]["unique"]
@@ -79,6 +79,7 @@ def test_upgrade_creates_exactly_the_tables(empty: Database):
     assert ("ix_vms_job", ("job",), False) in described["vms"]["indexes"]
     assert ("ix_workers_vm", ("vm",), False) in described["workers"]["indexes"]
     assert ("uq_orphans_open_vm", ("vm",), True) in described["orphans"]["indexes"]
+    assert ("uq_cost_records_actual_vm", ("vm",), True) in described["cost_records"]["indexes"]
     assert described["join_tokens"]["foreign_keys"] == [("fk_join_tokens_vm_vms", ("vm",), "vms")]
     assert described["worker_credentials"]["foreign_keys"] == [
         ("fk_worker_credentials_worker_id_workers", ("worker_id",), "workers")
@@ -140,17 +141,68 @@ def test_the_ssh_key_tables_come_and_go_with_their_migration(empty: Database):
     """A deployment at 0003 with a VM recorded: 0004 adds the two SSH key tables and keeps every
     row; going back to 0003 removes exactly those tables."""
     empty.upgrade("0003_workers_vm_index")
-    vm = {"job": "train", "node_index": 0, "attempt": 1, "vm": "train-a1-n0"}
-    Records(empty).record_vm(**vm, provider="fake", region="r", zone=None)
+    with empty.engine.begin() as connection:  # the row as 0003's code wrote it
+        connection.execute(
+            sa.text(
+                "INSERT INTO vms (id, job, node_index, attempt, vm, provider, region, "
+                "instance_ids, status, created_at) VALUES "
+                "('v1', 'train', 0, 1, 'train-a1-n0', 'fake', 'r', '[]', 'recorded', :now)"
+            ),
+            {"now": utcnow()},
+        )
     before = schema(empty)
 
     empty.upgrade("0004_host_keys")
 
     assert set(schema(empty)) == set(before) | SSH_TABLES
     assert {table: schema(empty)[table] for table in before} == before
-    assert [row.vm for row in Records(empty).vms_for_job("train")] == ["train-a1-n0"]
+    with empty.engine.connect() as connection:
+        vms = connection.exec_driver_sql("SELECT vm FROM vms").scalars().all()
+    assert vms == ["train-a1-n0"]
     empty.downgrade("0003_workers_vm_index")
     assert schema(empty) == before
+
+
+def test_the_cost_migration_keeps_every_row_and_goes_back(empty: Database):
+    """A deployment at 0005 with machines and estimates: 0006 adds nullable columns (old rows
+    have no quote and no launch time) and the one-actual-per-machine index; going back to 0005
+    gives exactly the schema it had, rows included."""
+    empty.upgrade("0005_work")
+    now = utcnow()
+    with empty.engine.begin() as connection:  # the tables as 0005's code wrote them
+        connection.execute(
+            sa.text(
+                "INSERT INTO vms (id, job, node_index, attempt, vm, provider, region, "
+                "instance_ids, status, created_at) VALUES "
+                "('v1', 'train', 0, 1, 'train-a1-n0', 'fake', 'r1', '[]', 'created', :now)"
+            ),
+            {"now": now},
+        )
+        connection.execute(
+            sa.text(
+                "INSERT INTO cost_records (id, job, kind, amount, currency, unit, source, "
+                "recorded_at) VALUES ('c1', 'train', 'estimate', 20.0, 'USD', 'hour', 't', :now)"
+            ),
+            {"now": now},
+        )
+    before = schema(empty)
+
+    empty.upgrade("0006_cost")
+
+    with empty.engine.connect() as connection:
+        vm = connection.exec_driver_sql("SELECT vm, price_amount, launched_at FROM vms").all()
+        cost = connection.exec_driver_sql("SELECT amount, provider, vm FROM cost_records").all()
+    assert [tuple(row) for row in vm] == [("train-a1-n0", None, None)]
+    assert [tuple(row) for row in cost] == [(20.0, None, None)]
+    records = Records(empty)
+    records.vm_terminated("train-a1-n0")  # no quote on the old row: no actual
+    assert [cost.kind for cost in records.costs("train")] == ["estimate"]
+
+    empty.downgrade("0005_work")
+    assert schema(empty) == before
+    with empty.engine.connect() as connection:
+        status = connection.exec_driver_sql("SELECT status FROM vms").scalars().all()
+    assert status == ["terminated"]
 
 
 def test_upgrading_twice_is_a_no_op(empty: Database):

@@ -294,6 +294,8 @@ def test_capabilities_carry_the_configured_timing_hints():
     hints = aws_cloud(nowhere, boot_timeout=321, delete_timeout=123).capabilities()
     assert (hints.boot_timeout, hints.delete_timeout, hints.poll_interval) == (321, 123, 0.05)
     assert hints.node_agent is True and hints.cloud_init is True  # the agent is in the user data
+    # EC2 Linux: per second, at least 60 s (AWS's per-second billing announcement).
+    assert (hints.billing.granularity_seconds, hints.billing.minimum_seconds) == (1, 60)
     assert aws_cloud(nowhere, regions=["us-west-2", REGION], zones={}).sweep_regions() == [
         "us-west-2",
         REGION,

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from providers.base import (
+    Billing,
     InstanceSpec,
     InstanceStatus,
     Location,
@@ -288,6 +289,9 @@ async def test_cleanup_removes_side_resources_of_that_vm_and_region_only() -> No
 async def test_capabilities_carry_the_configured_timing_hints() -> None:
     hints = FakeCloud(config(boot_timeout=7, delete_timeout=3, poll_interval=0.2)).capabilities()
     assert (hints.boot_timeout, hints.delete_timeout, hints.poll_interval) == (7, 3, 0.2)
+    assert hints.billing == Billing()  # exact seconds unless configured
+    terms = Billing(granularity_seconds=60, minimum_seconds=60, source="test")
+    assert FakeCloud(config(billing=terms)).capabilities().billing == terms
 
 
 # ---------------------------------------------------------------- fault rules

@@ -455,6 +455,8 @@ def test_capabilities_and_sweep_regions_come_from_config(cloud):
     hints = cloud.capabilities()
     assert (hints.boot_timeout, hints.delete_timeout, hints.poll_interval) == (10, 10, 0.05)
     assert hints.node_agent is True and hints.cloud_init is True  # the agent is in the user data
+    # Compute Engine: a one-minute minimum, then per second.
+    assert (hints.billing.granularity_seconds, hints.billing.minimum_seconds) == (1, 60)
     assert cloud.sweep_regions() == ["us-central1", "europe-west4"]
 
 

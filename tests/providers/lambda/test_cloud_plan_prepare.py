@@ -46,6 +46,8 @@ def test_capabilities_carry_lambda_timing_hints():
     hints = LambdaCloud(LambdaConfig(), api_key="k").capabilities()
     assert (hints.boot_timeout, hints.delete_timeout, hints.poll_interval) == (1800, 900, 10)
     assert hints.node_agent is True and "spot" in hints.unsupported  # agent in the user data
+    # Lambda bills on-demand instances in one-minute increments, no minimum stated.
+    assert (hints.billing.granularity_seconds, hints.billing.minimum_seconds) == (60, 0)
 
 
 # ---------------------------------------------------------------- plan

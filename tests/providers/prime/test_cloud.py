@@ -116,6 +116,8 @@ async def test_capabilities_are_the_configured_hints_with_the_agent_over_ssh():
     assert (hints.boot_timeout, hints.delete_timeout, hints.poll_interval) == (900, 600, 5)
     assert hints.node_agent is True and hints.unsupported == ["user_data"]
     assert adapter.config.ssh_bootstrap is True  # the core starts the agent over SSH
+    # Prime documents no billing increment for pods: exact seconds.
+    assert (hints.billing.granularity_seconds, hints.billing.minimum_seconds) == (None, 0)
     assert adapter.sweep_regions() == ["global"]
     configured = await with_transport(static(), regions=["canada", "eu_west"])
     assert configured.sweep_regions() == ["canada", "eu_west"]

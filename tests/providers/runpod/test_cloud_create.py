@@ -64,6 +64,8 @@ def test_capabilities_are_the_configured_timing_hints():
     assert (hints.boot_timeout, hints.delete_timeout, hints.poll_interval) == (600, 120, 5)
     assert hints.node_agent is True  # started over SSH: the section's ssh_bootstrap is on
     assert cloud.config.ssh_bootstrap is True
+    # RunPod bills compute per second, no minimum stated.
+    assert (hints.billing.granularity_seconds, hints.billing.minimum_seconds) == (1, 0)
     assert RunPodCloud(RunPodConfig(), api_key="k").capabilities().boot_timeout == 900
 
 

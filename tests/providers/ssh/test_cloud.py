@@ -272,6 +272,8 @@ async def test_bootstrap_logs_in_with_the_key_of_the_host_the_vm_holds(
     await claim(machines, "box", "vm-a")
     assert machines.ssh_client_key_path("vm-a") == str(sshd.client_key_path)
     assert machines.capabilities().node_agent is False  # until the core runs bootstrap
+    # The configured price is the owner's accounting, with no billing increment: exact seconds.
+    assert machines.capabilities().billing.granularity_seconds is None
 
 
 async def test_a_claims_database_that_cannot_be_reached_is_transient(tmp_path: Path) -> None:

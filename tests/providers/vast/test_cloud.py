@@ -429,6 +429,8 @@ async def test_cleanup_and_capabilities_make_no_call(cloud, vast_api):
     assert vast_api.requests == []
     assert (hints.node_agent, hints.unsupported) == (True, ["spot"])  # the agent over SSH
     assert cloud.config.ssh_bootstrap is True
+    # Vast charges the active rental per second, no minimum stated.
+    assert (hints.billing.granularity_seconds, hints.billing.minimum_seconds) == (1, 0)
     assert (hints.boot_timeout, hints.delete_timeout, hints.poll_interval) == (10, 10, 0.05)
 
 

@@ -1,0 +1,35 @@
+"""What jobs cost, as the API shows it:
+
+    GET /v1/cost            every job, per provider: hourly estimates and actual totals
+    GET /v1/cost?job=NAME   the same for one job, and each of its machines
+
+Operators only (an API key). The answer is `gpuprov.costs.CostReport`, read from the database
+as `gpuprov cost` reads it: estimates, actuals summed per currency (never across currencies),
+and the machines that have no actual and why (no quote, kept, not gone yet).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Query, Request
+
+from gpuprov.auth import REFUSALS, require_operator
+from gpuprov.costs import CostReport, cost_report
+from gpuprov.records import Records
+
+
+def _records(request: Request) -> Records:
+    return request.app.state.records
+
+
+def add_routes(app: FastAPI) -> None:
+    """The cost endpoint, on the app itself (its routes stay one flat list to inspect)."""
+
+    @app.get("/v1/cost", dependencies=[Depends(require_operator)], responses=REFUSALS)
+    async def cost(
+        records: Annotated[Records, Depends(_records)],
+        job: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+    ) -> CostReport:
+        return await asyncio.to_thread(cost_report, records.db, job)
