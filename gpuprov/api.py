@@ -1,8 +1,8 @@
 """The control-plane HTTP API: nodes register here with their single-use join token.
 
     POST /v1/workers/register  {token, capabilities, identity?}   the join token in the body
-    GET  /v1/workers                                              an operator API key
-    GET  /v1/workers/me                                           the worker's credential
+    GET  /v1/workers, drain, undrain, remove                      an operator API key
+    GET  /v1/workers/me, POST /v1/workers/heartbeat               the worker's credential
     GET  /v1/health                                               open
 
 Who may call what is declared per endpoint with gpuprov/auth.py's dependencies; the workers
@@ -37,7 +37,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuprov import api_workers, auth, pem
 from gpuprov.auth import AuthFailures
+from gpuprov.config import WorkersSettings
 from gpuprov.credentials import Credentials, issue_worker_credential
+from gpuprov.liveness import Liveness
 from gpuprov.models import WorkerCapabilities
 from gpuprov.records import Records, TokenRejected
 from providers.base import Model
@@ -122,7 +124,12 @@ async def _too_large(send: Send) -> None:
     await send({"type": "http.response.body", "body": b"request body too large"})
 
 
-def create_app(records: Records, *, auth_failures: AuthFailures | None = None) -> FastAPI:
+def create_app(
+    records: Records,
+    *,
+    auth_failures: AuthFailures | None = None,
+    workers: WorkersSettings | None = None,
+) -> FastAPI:
     # No /docs, /redoc or /openapi.json: nothing but health is served to an unauthenticated
     # caller. `create_app(...).openapi()` still builds the document.
     app = FastAPI(
@@ -131,7 +138,8 @@ def create_app(records: Records, *, auth_failures: AuthFailures | None = None) -
     app.add_middleware(BodyLimit)
     app.state.records = records
     auth.install(app, Credentials(records.db) if records is not None else None, auth_failures)
-    api_workers.add_routes(app)
+    app.state.liveness = Liveness(records.db) if records is not None else None
+    api_workers.add_routes(app, workers or WorkersSettings())
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:

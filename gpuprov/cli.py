@@ -8,8 +8,8 @@
     gpuprov health NAME               verdict per machine of a job (or one VM): diagnosis + SSH
     gpuprov api                       the control-plane API (nodes register here)
     gpuprov setup                     once per cluster: migrations, namespace, search attributes,
-                                      the reconciler's Schedule
-    gpuprov schedules apply           create or update the reconciler's Schedule (idempotent)
+                                      the reconciler's and the liveness sweep's Schedules
+    gpuprov schedules apply           create or update those Schedules (idempotent)
     gpuprov orphans [--all]           machines the reconciler is (or was) cleaning up
     gpuprov token create --label L    a single-use join token for a box you own
     gpuprov join --url U              on that box: probe it, register it as an existing worker
@@ -225,12 +225,10 @@ async def _offers(settings: Settings, args: argparse.Namespace) -> int:
 async def _dev(settings: Settings, args: argparse.Namespace) -> int:
     settings = with_default_cloud(settings)
     async with dev_stack(settings) as stack:
-        task_queue = settings.temporal.task_queue
-        outcome = await schedules.apply_reconcile_schedule(
-            stack.client, task_queue, settings.reconcile
-        )
+        reconciler, liveness = await schedules.apply_schedules(stack.client, settings)
         print(f"Temporal dev server at {stack.address}, Web UI at {stack.ui_url}")
-        print(schedules.describe(settings, outcome))
+        print(schedules.describe(settings, reconciler))
+        print(schedules.describe_liveness(settings, liveness))
         print(f"control-plane API at {stack.api_url}")
         if stack.codec_url:
             print(f"payloads encrypted; codec server for the UI at {stack.codec_url}")
@@ -246,7 +244,7 @@ async def _dev(settings: Settings, args: argparse.Namespace) -> int:
 async def _api(settings: Settings, args: argparse.Namespace) -> int:
     records = open_records(settings.database_url)
     try:
-        app = create_app(records)
+        app = create_app(records, workers=settings.workers)
         api = settings.api
         tls = {"tls_cert_file": api.tls_cert_file, "tls_key_file": api.tls_key_file}
         async with serving(app, api.host, api.port, **tls):

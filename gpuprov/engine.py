@@ -20,6 +20,7 @@ from activities.enrolment import Enrolment
 from activities.health import HealthActivities
 from activities.job_context import JobContextActivities
 from activities.k3s import K3sActivities
+from activities.liveness import LivenessActivities
 from activities.reconcile import ReconcileActivities
 from activities.registrations import RegistrationActivities
 from activities.ssh_keys import KeyStore
@@ -40,10 +41,11 @@ from providers import build_all
 from providers.base import CloudProvider
 from workflows.health import CheckHealth
 from workflows.job import ProvisionJob
+from workflows.liveness import WatchWorkers
 from workflows.offers import PlanOffers
 from workflows.reconcile import Reconcile
 
-WORKFLOWS = [ProvisionJob, PlanOffers, Reconcile, CheckHealth]
+WORKFLOWS = [ProvisionJob, PlanOffers, Reconcile, CheckHealth, WatchWorkers]
 
 
 async def connect(
@@ -136,6 +138,8 @@ def build_worker(
             *RegistrationActivities(records, api_url).all(),
             # The reconciler asks Temporal (through this worker's client) which jobs are live.
             *ReconcileActivities(providers, records, client).all(),
+            # The liveness sweep signals jobs through this worker's client too.
+            *LivenessActivities(records, client).all(),
             *HealthActivities(providers, records, keys).all(),
         ],
         **worker_options,

@@ -210,6 +210,20 @@ class ExistingWorker(Model):
     capabilities: WorkerCapabilities
 
 
+class WorkerLiveness(Model):
+    """One worker of a job as the database says now (the `job_workers` step): the job reads it
+    when the liveness sweep wakes it with the `workers_changed` signal."""
+
+    worker_id: str
+    vm: str | None = None  # a managed node's VM identity; None for an existing worker
+    origin: str  # managed / existing
+    state: str  # idle / reserved / busy / revoked
+    liveness: str  # alive / lost
+    health: str  # healthy / unhealthy
+    detail: str | None = None  # why unhealthy, in nvidia-smi's or CUDA's words
+    last_seen_at: datetime | None = None
+
+
 class JobState(StrEnum):
     QUEUED = "queued"
     PROVISIONING = "provisioning"

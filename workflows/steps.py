@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.health import HealthActivities
     from activities.job_context import JobContextActivities
     from activities.k3s import K3sActivities
+    from activities.liveness import LivenessActivities
     from activities.reconcile import ReconcileActivities
     from activities.registrations import RegistrationActivities
     from activities.store import StoreActivities
@@ -108,6 +109,7 @@ STEPS: dict[Callable[..., Any], Step] = {
     StoreActivities.release_job_workers: _bookkeeping(policy.TEARDOWN_RETRY),
     StoreActivities.record_orphan: _bookkeeping(policy.TEARDOWN_RETRY),
     StoreActivities.resolve_orphan: _bookkeeping(),
+    LivenessActivities.job_workers: _bookkeeping(),
     # the cloud
     CloudActivities.plan: _cloud_call(Stage.PLAN),
     CloudActivities.prepare: _cloud_call(Stage.ATTEMPT),
@@ -124,6 +126,8 @@ STEPS: dict[Callable[..., Any], Step] = {
     HealthActivities.check_health: Step(Stage.ATTEMPT, policy.FORWARD_RETRY, HEALTH_STEP),
     # the reconciler
     ReconcileActivities.reconcile_survey: Step(Stage.PLAN, policy.FORWARD_RETRY, CLOUD_STEP),
+    # the liveness sweep
+    LivenessActivities.sweep_liveness: Step(Stage.BOOKKEEPING, policy.FORWARD_RETRY, CLOUD_STEP),
 }
 
 
