@@ -27,7 +27,9 @@ CREATE TABLE IF NOT EXISTS instances (
     deleted_at REAL,
     api_url TEXT,
     join_token TEXT,
-    agent_state TEXT NOT NULL DEFAULT 'pending'
+    agent_state TEXT NOT NULL DEFAULT 'pending',
+    user_data TEXT,
+    fault_after REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS instances_vm ON instances (vm, region);
 CREATE TABLE IF NOT EXISTS side_resources (
@@ -52,6 +54,9 @@ CREATE TABLE IF NOT EXISTS calls (
 """
 
 
+NEWER_COLUMNS = {"user_data": "TEXT", "fault_after": "REAL NOT NULL DEFAULT 0"}
+
+
 @dataclass(frozen=True)
 class InstanceRow:
     id: str
@@ -60,12 +65,14 @@ class InstanceRow:
     zone: str | None
     offer_id: str
     instance_type: str
-    boot_mode: str  # normal / failed / hang / bad_runtime
+    boot_mode: str  # normal / failed / hang / bad_runtime / gpu_lost / ecc_error / gpu_missing
     created_at: float
     deleted_at: float | None
     api_url: str | None = None  # the node's bootstrap (the cloud's "user data")
     join_token: str | None = None
-    agent_state: str = "pending"  # pending / registered / rejected
+    agent_state: str = "pending"  # pending / registered / rejected / started
+    user_data: str | None = None  # what cloud-init would get (the real-agent mode)
+    fault_after: float = 0.0  # a GPU fault (gpu_lost, ...) shows this long after boot
 
 
 class FakeCloudState:
@@ -76,9 +83,17 @@ class FakeCloudState:
         self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         self._db.execute("PRAGMA busy_timeout = 30000")
         self._db.executescript(SCHEMA)
+        self._add_columns()
 
     def close(self) -> None:
         self._db.close()
+
+    def _add_columns(self) -> None:
+        """A ledger file written before the real-agent mode lacks its two columns."""
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(instances)").fetchall()}
+        for column, declaration in NEWER_COLUMNS.items():
+            if column not in have:
+                self._db.execute(f"ALTER TABLE instances ADD COLUMN {column} {declaration}")
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -130,12 +145,14 @@ class FakeCloudState:
         boot_mode: str,
         api_url: str | None = None,
         join_token: str | None = None,
+        user_data: str | None = None,
+        fault_after: float = 0.0,
     ) -> str:
         with self._transaction() as db:
             cursor = db.execute(
                 "INSERT INTO instances (id, vm, region, zone, offer_id, instance_type, "
-                "boot_mode, created_at, api_url, join_token) "
-                "VALUES ('', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "boot_mode, created_at, api_url, join_token, user_data, fault_after) "
+                "VALUES ('', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     vm,
                     region,
@@ -146,6 +163,8 @@ class FakeCloudState:
                     time.time(),
                     api_url,
                     join_token,
+                    user_data,
+                    fault_after,
                 ),
             )
             instance_id = f"fake-i-{cursor.lastrowid:06d}"
@@ -160,7 +179,7 @@ class FakeCloudState:
         scan of the table stays in SQLite, which uses no index with these optional filters)."""
         query = (
             "SELECT id, vm, region, zone, offer_id, instance_type, boot_mode, created_at, "
-            "deleted_at, api_url, join_token, agent_state FROM instances "
+            "deleted_at, api_url, join_token, agent_state, user_data, fault_after FROM instances "
             "WHERE (? IS NULL OR vm = ?) AND (? IS NULL OR region = ?) "
             "AND (? IS NULL OR deleted_at IS NULL OR deleted_at > ?) "
             "ORDER BY seq"
