@@ -20,7 +20,6 @@ credential, with nothing written.
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
@@ -30,39 +29,12 @@ from gpuprov.auth import REFUSALS, require_operator, require_worker
 from gpuprov.config import WorkersSettings
 from gpuprov.db import WORKER_STATES, WorkerRecord
 from gpuprov.liveness import MAX_DETAIL, Liveness
-from gpuprov.models import WorkerCapabilities
+from gpuprov.models import WorkerCapabilities, WorkerList, WorkerSummary
 from gpuprov.records import Records
 from gpuprov.render import capabilities_text
 from providers.base import Model
 
 _STATES = "^(" + "|".join(WORKER_STATES) + ")$"
-
-
-class WorkerSummary(Model):
-    id: str
-    origin: str  # managed / existing
-    state: str  # idle / reserved / busy / revoked
-    job: str | None
-    provider: str | None
-    region: str | None
-    label: str | None
-    vm: str | None
-    registered_at: datetime
-    updated_at: datetime  # the last change of state or job
-    gpu: str | None  # the most common GPU model, if any
-    gpu_count: int
-    gpu_runtime_ok: bool | None  # None: no GPU and no verdict
-    capabilities: str  # one line: GPUs, driver/CUDA, CPUs, memory, disk, runtime verdict
-    liveness: str = "alive"  # alive / lost
-    last_seen_at: datetime | None = None  # the last heartbeat (or the registration)
-    heartbeats: int = 0
-    health: str = "healthy"  # healthy / unhealthy: the agent's latest GPU verdict
-    health_detail: str | None = None  # why unhealthy, in nvidia-smi's or CUDA's words
-    draining: bool = False  # no new reservations
-
-
-class WorkerList(Model):
-    workers: list[WorkerSummary]
 
 
 class HeartbeatRequest(Model):

@@ -11,8 +11,10 @@
                                       the reconciler's and the liveness sweep's Schedules
     gpuprov schedules apply           create or update those Schedules (idempotent)
     gpuprov orphans [--all]           machines the reconciler is (or was) cleaning up
+    gpuprov workers [drain|undrain|remove ID]  registered machines: liveness, health, drain
     gpuprov token create --label L    a single-use join token for a box you own
-    gpuprov join --url U              on that box: probe it, register it as an existing worker
+    gpuprov join --url U              on that box: register it as an existing worker and leave
+                                      its agent running (a systemd service where it can)
     gpuprov apikey create|list|revoke operator API keys for the control-plane API
     gpuprov codec-server              decrypts payloads for the Temporal UI ([codec] keys)
 Connection settings come from gpuprov.toml (--config or GPUPROV_CONFIG) and the environment
@@ -34,7 +36,7 @@ from typing import NoReturn
 
 from pydantic import ValidationError
 
-from gpuprov import agent, apikeys, schedules
+from gpuprov import agent, apikeys, schedules, service, workers_cli
 from gpuprov import demo as demo_module
 from gpuprov import setup as cluster_setup
 from gpuprov.api import create_app, serving
@@ -135,7 +137,15 @@ def _parser() -> argparse.ArgumentParser:
         default=agent.PACKAGE_STATE_DIR,
         help=f"where this worker's credential is kept (default {agent.PACKAGE_STATE_DIR})",
     )
+    join.add_argument(
+        "--service",
+        choices=("auto", "systemd", "none"),
+        default="auto",
+        help="leave the agent running: a systemd unit (auto: where systemd runs and we are "
+        "root), or none: print the command to run it in the foreground",
+    )
     apikeys.add_parser(commands)
+    workers_cli.add_parser(commands)
     commands.add_parser(
         "codec-server",
         help="serve /encode and /decode so the Temporal UI shows encrypted payloads",
@@ -337,12 +347,20 @@ async def _join(settings: Settings, args: argparse.Namespace) -> int:
         tries=args.tries,
         ca_file=args.ca_file,
     )
-    shown = agent.keep_credential(state_dir, response)
+    shown = agent.keep_credential(state_dir, response, args.url, capabilities)
     origin, label = response.get("origin"), response.get("label")
     print(f"joined: worker {response['worker_id']} ({origin}, label {label}), idle")
     if "credential_file" in shown:
         print(f"worker credential kept in {shown['credential_file']} (mode 0600)")
     print(capabilities_text(checked))
+    try:
+        running = await asyncio.to_thread(
+            service.leave_running, state_dir, args.ca_file, args.service
+        )
+    except service.ServiceError as error:
+        raise ConfigError(f"joined, but the agent is not running: {error}") from None
+    for line in running.lines():
+        print(line)
     return 0
 
 
@@ -363,6 +381,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], Awaitable[int]]] = 
     "join": _join,
     "codec-server": _codec_server,
     "apikey": apikeys.command,
+    "workers": workers_cli.command,
 }
 
 
