@@ -333,8 +333,11 @@ def _cuda_init(libcuda: str, timeout: float) -> tuple | None:
 # ---------------------------------------------------------------- the probe
 
 
-def check_gpu_runtime(smi_timeout: float | None = None, libcuda: str | None = None) -> GpuRuntime:
-    """List the GPUs with nvidia-smi, read the CUDA version, and initialise CUDA.
+def check_gpu_runtime(
+    smi_timeout: float | None = None, libcuda: str | None = None, cuda_version: bool = True
+) -> GpuRuntime:
+    """List the GPUs with nvidia-smi, read the CUDA version (unless `cuda_version` is False:
+    a heartbeat does not report it), and initialise CUDA.
 
     `libcuda`: the library cuInit is called through (default LIBCUDA; "" skips the CUDA check).
     """
@@ -352,12 +355,12 @@ def check_gpu_runtime(smi_timeout: float | None = None, libcuda: str | None = No
     if not gpus:
         return GpuRuntime(NO_GPU, "no GPU visible")
     gpus = gpus[:MAX_GPUS]
-    cuda_version = _cuda_version(timeout)
+    version = _cuda_version(timeout) if cuda_version else None
     library = LIBCUDA if libcuda is None else libcuda
     problem = _cuda_init(library, CUDA_TIMEOUT) if library else None
     if problem is not None:
-        return GpuRuntime(problem[0], problem[1][:MAX_ERROR], gpus, cuda_version)
-    return GpuRuntime(OK, None, gpus, cuda_version)
+        return GpuRuntime(problem[0], problem[1][:MAX_ERROR], gpus, version)
+    return GpuRuntime(OK, None, gpus, version)
 
 
 def _memory_gb() -> float | None:
@@ -515,7 +518,7 @@ def check_health(
     """The registration probe, the registered GPUs (UUIDs) nvidia-smi no longer lists, and
     `nvidia-smi -q`'s findings."""
     timeout = SMI_TIMEOUT if smi_timeout is None else smi_timeout
-    runtime = check_gpu_runtime(timeout, libcuda)
+    runtime = check_gpu_runtime(timeout, libcuda, cuda_version=False)
     problems = [] if runtime.ok else [runtime.message or runtime.verdict]
     listed = {gpu["uuid"] for gpu in runtime.gpus if gpu.get("uuid")}
     missing = [uuid for uuid in registered or () if uuid not in listed]
