@@ -71,6 +71,7 @@ class FakeCloud(CloudProvider):
         self._agents: dict[str, asyncio.Task[None]] = {}  # instance id -> simulated agent
         self.nodes: dict[str, node.Node] = {}  # instance id -> real agent (agent = "real")
         self._own_root: str | None = None
+        self._fixtures = Path(config.nvidia_smi_fixtures or node.DEFAULT_FIXTURES)
 
     def capabilities(self) -> Capabilities:
         return capabilities_from(self.config, node_agent=self.config.agent_mode != "none")
@@ -118,7 +119,7 @@ class FakeCloud(CloudProvider):
         instance_type = self._instance_type(offer)
         real = self.config.agent_mode == "real" and spec.bootstrap is not None
         if real:
-            node.check_captured(instance_type)
+            node.check_captured(instance_type, self._fixtures)
         effect = fault.effect if fault else ""
         instance_id = self.state.add_instance(
             vm=spec.vm,
@@ -233,12 +234,11 @@ class FakeCloud(CloudProvider):
             if self._own_root is None:
                 self._own_root = tempfile.mkdtemp(prefix="gpuprov-fake-nodes-")
             base = Path(self._own_root)
-        fixtures = Path(self.config.nvidia_smi_fixtures or node.DEFAULT_FIXTURES)
         self.state.set_agent_state(row.id, "started")
         return node.boot(
             base / row.id,
             row.user_data,
-            fixtures=fixtures,
+            fixtures=self._fixtures,
             fault=row.boot_mode,
             broken_from=row.created_at + self.config.boot_delay_seconds + row.fault_after,
         )

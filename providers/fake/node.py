@@ -74,14 +74,25 @@ BROKEN = {
 CAPTURED = {("H100", 8)}
 
 
-def check_captured(instance_type: FakeInstanceType) -> None:
-    """Unavailable for an instance type whose nvidia-smi no capture stands in for."""
+def check_captured(instance_type: FakeInstanceType, fixtures: Path = DEFAULT_FIXTURES) -> None:
+    """Unavailable for an instance type whose nvidia-smi no capture stands in for, or where the
+    captures are not (a gpuprov installed without its tests: set nvidia_smi_fixtures)."""
     if (instance_type.gpu, instance_type.gpu_count) not in CAPTURED:
         raise ProviderError(
             ErrorKind.UNAVAILABLE,
             f"no captured nvidia-smi output for {instance_type.name} "
             f"({instance_type.gpu_count} x {instance_type.gpu}): the real-agent fake cloud "
             "replays an 8 x H100 node",
+        )
+    needed = {HEALTHY.query[0], HEALTHY.details[0], HEALTHY.version, HEALTHY.banner}
+    for replay in BROKEN.values():
+        needed |= {replay.query[0], replay.details[0]}
+    missing = sorted(name for name in needed if not (fixtures / name).is_file())
+    if missing:
+        raise ProviderError(
+            ErrorKind.UNAVAILABLE,
+            f"the captured nvidia-smi outputs are not in {fixtures} ({', '.join(missing[:3])} "
+            "...): set [providers.fake] nvidia_smi_fixtures",
         )
 
 

@@ -222,3 +222,7 @@ def test_the_real_agent_mode_is_one_setting_and_refuses_what_was_never_captured(
     with pytest.raises(ProviderError) as refused:
         check_captured(FakeInstanceType(name="a100x8", gpu="A100", gpu_count=8))
     assert refused.value.kind is ErrorKind.UNAVAILABLE
+    h100x8 = FakeInstanceType(name="h100x8", gpu="H100", gpu_count=8)
+    check_captured(h100x8)
+    with pytest.raises(ProviderError, match="set \\[providers.fake\\] nvidia_smi_fixtures"):
+        check_captured(h100x8, Path("/nonexistent"))
