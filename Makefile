@@ -51,7 +51,7 @@ test: $(STAMP) $(SSHD) $(NGINX) $(CLOUD_INIT)
 demo-ssh: $(STAMP) $(SSHD)
 	$(BIN)/gpuprov demo-ssh
 
-# The performance benchmark (bench/, docs/performance.md); `make bench QUICK=1` takes a minute or two.
+# The performance benchmark (bench/, docs/performance.md); `make bench QUICK=1` takes about three minutes.
 bench: $(STAMP)
 	$(BIN)/python -m bench $(if $(QUICK),--quick)
 

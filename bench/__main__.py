@@ -2,9 +2,11 @@
 write it to FILE (default bench/results.md).
 
 Full: 1, 100 and 1000 concurrent jobs (observe rate likewise), 200 for throughput, 10 + 3
-failover jobs. Quick (about two minutes): 1, 20 and 100; 50; 3 + 1. A scenario that runs past
-its limit is reported as "timed out after Xs" and the bench moves on. While working on one
-number: `--only overhead --jobs 100` (the report then says "not measured" for the rest).
+failover jobs, 1000 agents heartbeating every 30 s for a minute against one API process. Quick
+(about three minutes): 1, 20 and 100; 50; 3 + 1; 1000 agents every 10 s for 20 s. A scenario
+that runs past its limit is reported as "timed out after Xs" and the bench moves on. While
+working on one number: `--only overhead --jobs 100` (the report then says "not measured" for the
+rest).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from temporalio.client import Client
 from bench import scenarios
 from bench.cpu import python_loop_ms_per_million
 from bench.harness import dev_server
+from bench.heartbeats import heartbeats
 from bench.report import render
 from bench.stats import BenchResults
 
@@ -44,6 +47,8 @@ class Sizes:
     failover_repeats: int  # jobs with one stockout
     triple_failover_repeats: int  # jobs with three stockouts
     observe_intervals: int = 8  # poll intervals counted per observe-rate run
+    # agents, seconds between one agent's heartbeats, seconds per paced phase, unpaced seconds
+    heartbeats: tuple[int, float, float, float] = (1000, 30.0, 60.0, 15.0)
 
 
 FULL = Sizes(
@@ -59,6 +64,7 @@ QUICK = Sizes(
     throughput=50,
     failover_repeats=3,
     triple_failover_repeats=1,
+    heartbeats=(1000, 10.0, 20.0, 5.0),
 )
 
 
@@ -67,7 +73,7 @@ def limit(jobs: int, per_job: float) -> float:
     return 60 + per_job * jobs
 
 
-SCENARIOS = ("throughput", "overhead", "failover", "observe")
+SCENARIOS = ("throughput", "overhead", "failover", "observe", "heartbeats")
 
 
 async def run_all(
@@ -103,6 +109,12 @@ async def run_all(
             scenarios.observe_rate(client, jobs, sizes.observe_intervals, limit(jobs, 0.4)),
         )
         results.observe.append(run)
+    if "heartbeats" in only:
+        agents, interval, seconds, burst = sizes.heartbeats
+        results.heartbeats = await step(
+            f"heartbeats, {agents} agents every {interval:g}s against one API process",
+            heartbeats(agents, interval, seconds, burst),
+        )
 
 
 async def step(label: str, scenario: Awaitable[T]) -> T:

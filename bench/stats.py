@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from bench.harness import JobTiming
+from bench.heartbeats import HeartbeatRun
 from bench.scenarios import FailoverRun, ObserveRun, OverheadRun, ThroughputRun
 
 
@@ -20,6 +21,7 @@ class BenchResults:
     overhead: list[OverheadRun] = field(default_factory=list)
     failover: list[FailoverRun] = field(default_factory=list)
     observe: list[ObserveRun] = field(default_factory=list)
+    heartbeats: HeartbeatRun | None = None
     duration: float = 0.0
     peak_rss_mb: float = 0.0
     load: tuple[float, float] | None = None  # 1-minute load average at start and end

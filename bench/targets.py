@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from bench import heartbeat_report
 from bench.stats import (
     BenchResults,
     end_to_end,
@@ -26,6 +27,7 @@ def targets(results: BenchResults) -> list[Check]:
         _failover(results),
         _observe(results),
         _history(results),
+        _heartbeats(results),
     ]
 
 
@@ -102,3 +104,8 @@ def _history(results: BenchResults) -> Check:
         "-" if events is None else f"{events} events",
         _verdict(None if events is None else events <= MAX_HAPPY_EVENTS),
     )
+
+
+def _heartbeats(results: BenchResults) -> Check:
+    name, measured, ok = heartbeat_report.target(results.heartbeats)
+    return name, measured, _verdict(ok)

@@ -1,16 +1,28 @@
-"""The node agent: probe this machine's GPUs and register it with the control plane.
+"""The node agent: probe this machine's GPUs, register it with the control plane, keep it alive.
 
     python3 agent.py probe [--disk-path /data]          print the capabilities JSON
     python3 agent.py register --url URL < token-file    probe, then POST /v1/workers/register
+    python3 agent.py run [--url URL] [--token-file F]   register once, then heartbeat until revoked
     python3 agent.py whoami --url URL                   what the API knows of this worker
+
+`run` is the daemon (a systemd service on a node): without a credential in its state dir it
+registers first (the join token as `register` reads it, never from argv or the environment);
+then it heartbeats (POST /v1/workers/heartbeat) at the interval the API answers, each with a
+fresh verdict: the registration probe, the GPUs registered that nvidia-smi no longer lists, and
+what `nvidia-smi -q` says of lost GPUs and uncorrectable memory errors (`query_findings`).
+Connection errors and 5xx are retried with backoff for as long as it takes: an API outage never
+stops it. A refused credential (401: the worker was removed, or its machine released) stops it
+with exit 0 and one log line.
 
 Registration exchanges the join token for this worker's credential, which the agent keeps in
 <state dir>/worker-credential (mode 0600, in a 0700 directory): never on a command line, in
-the environment, on stdout or in a log. `--state-dir` defaults to the directory this file was
-installed in alone (bootstrap's private per-VM directory), or ~/.gpuprov/worker when it runs
-from the gpuprov package (`gpuprov join`). Every later call presents it (`Authorization: Bearer`).
-Over HTTPS, `--ca-file` pins the CA that signed the API's certificate (default: the system's
-CAs); a certificate that does not verify is refused at once, not retried.
+the environment, on stdout or in a log. Beside it, <state dir>/worker.json (no secret) keeps
+the API's URL, the worker id and the UUIDs of the GPUs it registered with. `--state-dir`
+defaults to the directory this file was installed in alone (bootstrap's private per-VM
+directory), or ~/.gpuprov/worker when it runs from the gpuprov package (`gpuprov join`). Every
+later call presents the credential (`Authorization: Bearer`). Over HTTPS, `--ca-file` pins the
+CA that signed the API's certificate (default: the system's CAs); a certificate that does not
+verify is refused at once, not retried.
 
 The join token is never on a command line (`ps` shows argv to every user; shells keep history):
 stdin (a pipe or file: its first line; a terminal: a prompt without echo), `--token-fd N`, or
@@ -37,6 +49,16 @@ for the verdict `ok`; otherwise gpu_runtime_error says why, in nvidia-smi's or C
                       initialized": an NVSwitch box whose nvidia-fabricmanager is not running)
 Every nvidia-smi call and the CUDA check run under a timeout: a wedged driver hangs them.
 
+Heartbeat findings from `nvidia-smi -q` (per GPU section; "N/A" fields say nothing), each named
+by the Xid the driver logs for it:
+  lost                "Unable to determine the device handle ... GPU is lost" or "fallen off
+                      the bus" (Xid 79), the GPU's section missing with it
+  uncorrectable ECC   ECC Errors > Volatile: any "... Uncorrectable ..." count, or "Double Bit"
+                      > "Total" on older drivers, above 0 since the driver loaded (Xid 48)
+  needs a reset       Remapped Rows > Pending or Remapping Failure Occurred; Retired Pages >
+                      Pending Page Blacklist; GPU Reset Status > Reset Required / Drain and
+                      Reset Recommended; a GPU Recovery Action other than None
+
 STANDARD LIBRARY ONLY, one self-contained file, Python 3.8+: bootstrap copies it alone onto a bare
 Ubuntu image and runs it with the system python3. tests/gpuprov/test_agent.py enforces this.
 """
@@ -49,6 +71,7 @@ import getpass
 import json
 import logging
 import os
+import random
 import re
 import select
 import shutil
@@ -70,6 +93,10 @@ CUDA_TIMEOUT = 30.0  # cuInit initialises every GPU: seconds on a big box withou
 TOKEN_WAIT = 30.0  # seconds to wait for the token on stdin / --token-fd
 HTTP_TIMEOUT = 30.0
 CREDENTIAL_FILE = "worker-credential"
+NODE_FILE = "worker.json"  # api_url, worker_id, the registered GPUs' UUIDs: no secret
+HEARTBEAT_INTERVAL = 30.0  # until the API says otherwise
+MIN_INTERVAL, MAX_INTERVAL = 0.05, 3600.0  # what is taken from the API's answer
+MAX_DETAIL = 500  # the API's limit on a heartbeat's detail
 PACKAGE_STATE_DIR = "~/.gpuprov/worker"
 MAX_PAUSE = 30.0
 LIBCUDA = "libcuda.so.1"
@@ -307,8 +334,11 @@ def _cuda_init(libcuda: str, timeout: float) -> tuple | None:
 # ---------------------------------------------------------------- the probe
 
 
-def check_gpu_runtime(smi_timeout: float | None = None, libcuda: str | None = None) -> GpuRuntime:
-    """List the GPUs with nvidia-smi, read the CUDA version, and initialise CUDA.
+def check_gpu_runtime(
+    smi_timeout: float | None = None, libcuda: str | None = None, cuda_version: bool = True
+) -> GpuRuntime:
+    """List the GPUs with nvidia-smi, read the CUDA version (unless `cuda_version` is False:
+    a heartbeat does not report it), and initialise CUDA.
 
     `libcuda`: the library cuInit is called through (default LIBCUDA; "" skips the CUDA check).
     """
@@ -326,12 +356,12 @@ def check_gpu_runtime(smi_timeout: float | None = None, libcuda: str | None = No
     if not gpus:
         return GpuRuntime(NO_GPU, "no GPU visible")
     gpus = gpus[:MAX_GPUS]
-    cuda_version = _cuda_version(timeout)
+    version = _cuda_version(timeout) if cuda_version else None
     library = LIBCUDA if libcuda is None else libcuda
     problem = _cuda_init(library, CUDA_TIMEOUT) if library else None
     if problem is not None:
-        return GpuRuntime(problem[0], problem[1][:MAX_ERROR], gpus, cuda_version)
-    return GpuRuntime(OK, None, gpus, cuda_version)
+        return GpuRuntime(problem[0], problem[1][:MAX_ERROR], gpus, version)
+    return GpuRuntime(OK, None, gpus, version)
 
 
 def _memory_gb() -> float | None:
@@ -385,6 +415,139 @@ def probe(
     return capabilities_of(check_gpu_runtime(smi_timeout, libcuda), disk_path)
 
 
+# ---------------------------------------------------------------- health: nvidia-smi -q
+
+BUS_ID = r"[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f]"
+QUERY_GPU = re.compile(rf"^GPU ({BUS_ID})\s*$")
+LOST_HANDLE = re.compile(rf"Unable to determine the device handle for GPU\s*(?:\d+:\s*)?({BUS_ID})")
+LOST_TEXT = re.compile(r"GPU is lost|fallen off the bus", re.IGNORECASE)
+COUNT = re.compile(r"\d+")
+YES = "Yes"
+# (section, field) of `nvidia-smi -q` that say the GPU must be reset (or drained and reset).
+RESET_FLAGS = (
+    (("Remapped Rows", "Pending"), "row remapping pending: reset the GPU"),
+    (("Remapped Rows", "Remapping Failure Occurred"), "row remapping failed"),
+    (("Retired Pages", "Pending Page Blacklist"), "page retirement pending: reset the GPU"),
+    (("Retired Pages", "Pending Page Retirement"), "page retirement pending: reset the GPU"),
+    (("GPU Reset Status", "Reset Required"), "reset required"),
+    (("GPU Reset Status", "Drain and Reset Recommended"), "drain and reset recommended"),
+)
+
+
+def parse_query(text: str) -> dict:
+    """`nvidia-smi -q` as {bus id: {(section, ..., field): value}}, one entry per GPU section;
+    nesting comes from the indentation (four spaces a level), "N/A" values are left out."""
+    gpus: dict = {}
+    fields: dict | None = None
+    path: list = []
+    for line in text.splitlines():
+        header = QUERY_GPU.match(line)
+        if header:
+            fields = gpus.setdefault(header.group(1), {})
+            path = []
+            continue
+        if fields is None or not line.strip():
+            continue
+        if not line.startswith(" "):  # back at the top level (a unit, the end)
+            fields = None
+            continue
+        depth = (len(line) - len(line.lstrip(" "))) // 4
+        key, colon, value = line.strip().partition(":")
+        path = path[: max(depth - 1, 0)]
+        if not colon:
+            path.append(key.strip())
+            continue
+        value = value.strip()
+        if value and value != "N/A":
+            fields[(*path, key.strip())] = value
+    return gpus
+
+
+def _count(value: str | None) -> int:
+    match = COUNT.match(value or "")
+    return int(match.group()) if match else 0
+
+
+def gpu_findings(fields: dict) -> list:
+    """What one GPU's `-q` section says is wrong with it (empty: nothing)."""
+    uncorrectable = sum(
+        _count(value)
+        for path, value in fields.items()
+        if path[:2] == ("ECC Errors", "Volatile")
+        and ("Uncorrectable" in path[-1] or (path[-1] == "Total" and "Double Bit" in path))
+    )
+    problems = []
+    if uncorrectable:
+        problems.append(
+            f"{uncorrectable} uncorrectable ECC error(s) since the driver loaded (Xid 48)"
+        )
+    problems += [problem for key, problem in RESET_FLAGS if fields.get(key) == YES]
+    action = fields.get(("GPU Recovery Action",))
+    if action and action != "None":
+        problems.append(f"recovery action {action}")
+    return list(dict.fromkeys(problems))
+
+
+def query_findings(text: str) -> list:
+    """Every problem `nvidia-smi -q` output (stdout and stderr) shows, one line each."""
+    findings = []
+    lost = dict.fromkeys(match.group(1) for match in LOST_HANDLE.finditer(text))
+    for bus in lost:
+        findings.append(f"GPU {bus} is lost (fallen off the bus, Xid 79)")
+    if not lost and LOST_TEXT.search(text):
+        said = next(line.strip() for line in text.splitlines() if LOST_TEXT.search(line))
+        findings.append(f"a GPU is lost (Xid 79): {said[:200]}")
+    for bus, fields in parse_query(text).items():
+        findings += [f"GPU {bus}: {problem}" for problem in gpu_findings(fields)]
+    return findings
+
+
+def _query_health(timeout: float) -> list:
+    """Findings of one `nvidia-smi -q`; a run that fails without a finding is one itself."""
+    try:
+        code, stdout, stderr = _run(["nvidia-smi", "-q"], timeout)
+    except _TimedOut:
+        return [f"nvidia-smi -q timed out after {timeout:g}s (a hung driver?)"]
+    except OSError as error:
+        return [f"nvidia-smi -q cannot run: {error.strerror}"]
+    findings = query_findings(stdout + "\n" + stderr)
+    if code != 0 and not findings:
+        said = "; ".join(line.strip() for line in (stderr or stdout).splitlines() if line.strip())
+        findings.append(f"nvidia-smi -q exited {code}: {said[:300] or '(no output)'}")
+    return findings
+
+
+@dataclass
+class Health:
+    """A heartbeat's verdict: healthy, or why not (in nvidia-smi's or CUDA's words)."""
+
+    healthy: bool
+    detail: str | None = None
+
+
+def check_health(
+    registered: list | None = None, smi_timeout: float | None = None, libcuda: str | None = None
+) -> Health:
+    """The registration probe, the registered GPUs (UUIDs) nvidia-smi no longer lists, and
+    `nvidia-smi -q`'s findings."""
+    timeout = SMI_TIMEOUT if smi_timeout is None else smi_timeout
+    runtime = check_gpu_runtime(timeout, libcuda, cuda_version=False)
+    problems = [] if runtime.ok else [runtime.message or runtime.verdict]
+    listed = {gpu["uuid"] for gpu in runtime.gpus if gpu.get("uuid")}
+    missing = [uuid for uuid in registered or () if uuid not in listed]
+    if missing and (runtime.ok or runtime.gpus):  # not when nvidia-smi listed nothing at all
+        shown = ", ".join(missing[:4]) + (" ..." if len(missing) > 4 else "")
+        problems.append(
+            f"{len(missing)} registered GPU(s) missing from nvidia-smi's list "
+            f"({len(listed)} of {len(registered or ())} listed): {shown}"
+        )
+    if runtime.verdict != SMI_MISSING:
+        problems += _query_health(timeout)
+    if not problems:
+        return Health(True)
+    return Health(False, "; ".join(dict.fromkeys(problems))[:MAX_DETAIL])
+
+
 # ---------------------------------------------------------------- registration
 
 
@@ -432,9 +595,10 @@ def call_api(
     pause: float = 1.0,
     secret: str | None = None,
     what: str | None = None,
+    timeout: float = HTTP_TIMEOUT,
 ) -> dict:
     """POST `body` (GET without one) to {api_url}{path}; the response JSON on 2xx. Messages
-    call the request `what` (default: the path).
+    call the request `what` (default: the path); `timeout` bounds each attempt.
 
     A 4xx is final: AgentError with the server's message and `status`; so is a certificate
     that does not verify. 5xx and connection errors are retried with exponential backoff from
@@ -456,7 +620,7 @@ def call_api(
             url, data=data, method="POST" if data is not None else "GET", headers=headers
         )
         try:
-            with urllib.request.urlopen(request, timeout=HTTP_TIMEOUT, context=context) as answer:
+            with urllib.request.urlopen(request, timeout=timeout, context=context) as answer:
                 return json.loads(answer.read())
         except urllib.error.HTTPError as error:
             message = "(no body)"
@@ -584,15 +748,55 @@ def read_credential(state_dir: str) -> str:
     return credential
 
 
-def keep_credential(state_dir: str, response: dict) -> dict:
-    """Save the registration's credential; the response to show, without it."""
+def keep_credential(
+    state_dir: str, response: dict, api_url: str | None = None, capabilities: dict | None = None
+) -> dict:
+    """Save the registration's credential (and, given the API's URL, the node record `run`
+    starts from); the response to show, without the credential."""
     shown = {name: value for name, value in response.items() if name != "credential"}
     credential = response.get("credential")
     if isinstance(credential, str) and credential:
         shown["credential_file"] = save_credential(state_dir, credential)
     else:
         log.warning("the API returned no worker credential (an older control plane?)")
+    if api_url is not None:
+        gpus = (capabilities or {}).get("gpus") or []
+        uuids = [gpu["uuid"] for gpu in gpus if isinstance(gpu, dict) and gpu.get("uuid")]
+        save_node(state_dir, api_url, response.get("worker_id"), uuids)
     return shown
+
+
+def save_node(state_dir: str, api_url: str, worker_id: object, gpus: list) -> None:
+    """<state_dir>/worker.json: where the API is, who this worker is, the GPUs it registered
+    with (no secret; written aside, then renamed)."""
+    path = os.path.join(state_dir, NODE_FILE)
+    part = f"{path}.{os.getpid()}.part"
+    record = {"api_url": api_url, "worker_id": worker_id, "gpus": gpus}
+    try:
+        descriptor = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            json.dump(record, handle, indent=2)
+        os.replace(part, path)
+    except OSError as error:
+        log.warning("cannot keep %s: %s", path, error.strerror)
+
+
+def read_node(state_dir: str) -> dict:
+    """The node record, or {} where there is none (a registration by an older agent)."""
+    try:
+        with open(os.path.join(state_dir, NODE_FILE)) as handle:
+            record = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return record if isinstance(record, dict) else {}
+
+
+def has_credential(state_dir: str) -> bool:
+    try:
+        with open(os.path.join(state_dir, CREDENTIAL_FILE)) as handle:
+            return bool(handle.readline().strip())
+    except OSError:
+        return False
 
 
 # ---------------------------------------------------------------- the join token
@@ -658,13 +862,18 @@ def read_join_secret(
     token_fd: int | None = None,
     delete_file: bool = False,
     wait: float | None = None,
+    allow_env: bool = True,
 ) -> JoinSecret:
-    """The join token from --token-file, else --token-fd, else $GPUPROV_JOIN_TOKEN, else stdin.
+    """The join token from --token-file, else --token-fd, else $GPUPROV_JOIN_TOKEN (unless
+    `allow_env` is False: `run` never takes it), else stdin.
 
     $GPUPROV_JOIN_TOKEN is removed from this process's environment whichever source is used,
     so no child (nvidia-smi, the CUDA check) inherits it.
     """
     from_env = os.environ.pop(TOKEN_ENV, "").strip()
+    if from_env and not allow_env:
+        log.warning("ignoring $%s: pass the token on stdin or with --token-file", TOKEN_ENV)
+        from_env = ""
     wait = TOKEN_WAIT if wait is None else wait
     if token_file:
         secret = _read_token_file(token_file, delete_file)
@@ -702,6 +911,131 @@ def read_token(
     return read_join_secret(token_file, token_fd, delete_file).token
 
 
+# ---------------------------------------------------------------- run: register, then heartbeat
+
+
+class _Stopped(Exception):
+    """SIGTERM (systemd stopping the service): leave the loop, exit 0."""
+
+
+def _stop(signum: int, frame: object) -> None:
+    raise _Stopped
+
+
+def _backoff(failures: int, cap: float) -> float:
+    """Seconds before retry number `failures`: 1, 2, 4, ... up to `cap`, less a random part of
+    up to half, so a fleet that lost the API at once does not come back at once."""
+    return min(cap, 2.0 ** (failures - 1)) * random.uniform(0.5, 1.0)
+
+
+@dataclass
+class ProbeOptions:
+    disk_path: str = "/"
+    smi_timeout: float = SMI_TIMEOUT
+    libcuda: str | None = None  # None: LIBCUDA; "": no CUDA check
+
+
+def register_until_accepted(
+    url: str, secret: JoinSecret, probe: ProbeOptions, state_dir: str, ca_file: str | None
+) -> dict:
+    """Probe, then register, retrying connection errors and 5xx for as long as it takes; keeps
+    the credential and the node record. A refusal (4xx) is final: AgentError."""
+    runtime = check_gpu_runtime(probe.smi_timeout, probe.libcuda)
+    log.info("GPU runtime: %s: %s", runtime.verdict, runtime.message or "GPUs usable")
+    capabilities = capabilities_of(runtime, probe.disk_path)
+    identity = {"vm": secret.vm[:128]} if secret.vm else None
+    failures = 0
+    while True:
+        try:
+            response = register(url, secret.token, capabilities, identity, 1, ca_file=ca_file)
+        except AgentError as error:
+            if not error.transient:
+                raise
+            failures += 1
+            if failures == 1 or failures % 10 == 0:
+                log.warning("registration attempt %d: %s; retrying", failures, error)
+            time.sleep(_backoff(failures, MAX_PAUSE))
+            continue
+        return keep_credential(state_dir, response, url, capabilities)
+
+
+def _interval(answered: object, current: float) -> float:
+    if isinstance(answered, (int, float)) and not isinstance(answered, bool):
+        return min(max(float(answered), MIN_INTERVAL), MAX_INTERVAL)
+    return current
+
+
+def heartbeat_forever(
+    url: str, credential: str, ca_file: str | None, registered: list, probe: ProbeOptions
+) -> int:
+    """Heartbeat with a fresh verdict at the interval the API answers, until the credential is
+    refused (exit status 0). Every other failure is retried with backoff, logged when it starts,
+    every tenth time, and when it ends."""
+    interval, failures, draining = HEARTBEAT_INTERVAL, 0, False
+    last = None
+    while True:
+        started = time.monotonic()
+        health = check_health(registered, probe.smi_timeout, probe.libcuda)
+        if health != last:
+            log.info("health: %s", "healthy" if health.healthy else f"UNHEALTHY: {health.detail}")
+            last = health
+        body = {"healthy": health.healthy, "detail": health.detail}
+        try:
+            answer = call_api(
+                url,
+                "/v1/workers/heartbeat",
+                body,
+                credential,
+                ca_file,
+                tries=1,
+                what="heartbeat",
+                timeout=min(HTTP_TIMEOUT, max(interval, 5.0)),
+            )
+        except AgentError as error:
+            if error.status == 401:
+                log.warning("%s: this worker was removed or its machine released; stopping", error)
+                return 0
+            failures += 1
+            if failures == 1 or failures % 10 == 0:
+                log.warning("heartbeat failed (%d in a row): %s; retrying", failures, error)
+            time.sleep(_backoff(failures, min(interval, MAX_PAUSE)))
+            continue
+        if failures:
+            log.info("heartbeats accepted again after %d failed", failures)
+            failures = 0
+        interval = _interval(answer.get("interval_seconds"), interval)
+        if bool(answer.get("draining")) != draining:
+            draining = not draining
+            log.info("draining: no new job will be placed here" if draining else "not draining")
+        time.sleep(max(0.0, started + interval - time.monotonic()))
+
+
+def run(args: argparse.Namespace) -> int:
+    """`agent.py run`: register unless a credential is kept, then heartbeat until revoked."""
+    state_dir = args.state_dir or default_state_dir()
+    probe = ProbeOptions(args.disk_path, args.smi_timeout, args.libcuda)
+    if has_credential(state_dir):
+        os.environ.pop(TOKEN_ENV, None)  # never passed on to a child, even unused
+        url = args.url or read_node(state_dir).get("api_url")
+    else:
+        secret = read_join_secret(args.token_file, args.token_fd, allow_env=False)
+        url = args.url or secret.api_url
+        if not url:
+            raise AgentError(f"no API URL: pass --url (or {URL_ENV}= in the token file)")
+        prepare_state_dir(state_dir)
+        shown = register_until_accepted(url, secret, probe, state_dir, args.ca_file)
+        log.info("registered as worker %s (%s)", shown.get("worker_id"), shown.get("origin"))
+        if args.delete_token_file and args.token_file:
+            with contextlib.suppress(OSError):
+                os.unlink(args.token_file)
+    if not url:
+        raise AgentError(f"no API URL: pass --url ({os.path.join(state_dir, NODE_FILE)} has none)")
+    credential = read_credential(state_dir)
+    registered = read_node(state_dir).get("gpus") or []
+    log.info("heartbeating to %s", url)
+    return heartbeat_forever(url, credential, args.ca_file, registered, probe)
+
+
 # ---------------------------------------------------------------- command line
 
 
@@ -713,7 +1047,18 @@ def _parser() -> argparse.ArgumentParser:
         "register",
         help="probe, then register with the join token from stdin, --token-fd or --token-file",
     )
-    for command in (probe_command, reg):
+    daemon = commands.add_parser(
+        "run",
+        help="register once (unless a credential is kept), then heartbeat until revoked",
+    )
+    daemon.add_argument("--url", help=f"the API (default: {URL_ENV}= in FILE, or worker.json)")
+    daemon_source = daemon.add_mutually_exclusive_group()
+    daemon_source.add_argument("--token-file", help="file with the token, or an env file (0600)")
+    daemon_source.add_argument("--token-fd", type=int, metavar="N", help="read the token from fd N")
+    daemon.add_argument(
+        "--delete-token-file", action="store_true", help="remove it once registered"
+    )
+    for command in (probe_command, reg, daemon):
         command.add_argument("--disk-path", default="/", help="filesystem reported as disk_gb")
         command.add_argument("--smi-timeout", type=float, default=SMI_TIMEOUT, metavar="SECONDS")
         command.add_argument(
@@ -729,7 +1074,7 @@ def _parser() -> argparse.ArgumentParser:
     whoami = commands.add_parser("whoami", help="ask the API about this worker (its credential)")
     whoami.add_argument("--url", required=True, help="the API, e.g. https://10.0.0.1:8080")
     whoami.add_argument("--tries", type=int, default=3, help="attempts while the API is down")
-    for command in (reg, whoami):
+    for command in (reg, whoami, daemon):
         command.add_argument("--ca-file", help="pin the CA of the API's certificate (https)")
         command.add_argument(
             "--state-dir",
@@ -748,6 +1093,10 @@ def main(argv: list | None = None) -> int:
                                       args.ca_file, args.tries), indent=2))  # fmt: skip
             return 0
         libcuda = "" if args.libcuda.lower() == "none" else args.libcuda
+        if args.command == "run":
+            args.libcuda = libcuda
+            signal.signal(signal.SIGTERM, _stop)
+            return run(args)
         if args.command == "register":
             if args.token is not None:  # already exposed in ps and shell history: do not use it
                 raise AgentError(
@@ -772,10 +1121,13 @@ def main(argv: list | None = None) -> int:
         response = register(
             url, secret.token, capabilities, identity, tries=args.tries, ca_file=args.ca_file
         )
-        response = keep_credential(state_dir, response)
+        response = keep_credential(state_dir, response, url, capabilities)
     except AgentError as error:
         log.error("%s", error)
         return 1 if error.transient else 2
+    except (_Stopped, KeyboardInterrupt):
+        log.info("stopped")
+        return 0
     print(json.dumps(response, indent=2))
     return 0
 

@@ -1,8 +1,8 @@
 """The control-plane HTTP API: nodes register here with their single-use join token.
 
     POST /v1/workers/register  {token, capabilities, identity?}   the join token in the body
-    GET  /v1/workers                                              an operator API key
-    GET  /v1/workers/me                                           the worker's credential
+    GET  /v1/workers, drain, undrain, remove                      an operator API key
+    GET  /v1/workers/me, POST /v1/workers/heartbeat               the worker's credential
     GET  /v1/cost[?job=NAME]                                      an operator API key
     GET  /v1/health                                               open
 
@@ -49,8 +49,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gpuprov import api_cost, api_workers, auth, pem
 from gpuprov.auth import AuthFailures
-from gpuprov.config import ConfigError
+from gpuprov.config import ConfigError, WorkersSettings
 from gpuprov.credentials import Credentials, issue_worker_credential
+from gpuprov.liveness import Liveness
 from gpuprov.models import WorkerCapabilities
 from gpuprov.records import Records, TokenRejected
 from providers.base import Model
@@ -184,6 +185,7 @@ def create_app(
     *,
     auth_failures: AuthFailures | None = None,
     body_timeout: float = BODY_TIMEOUT_SECONDS,
+    workers: WorkersSettings | None = None,
 ) -> FastAPI:
     # No /docs, /redoc or /openapi.json: nothing but health is served to an unauthenticated
     # caller. `create_app(...).openapi()` still builds the document.
@@ -195,7 +197,8 @@ def create_app(
         app.add_exception_handler(unavailable, _database_unavailable)
     app.state.records = records
     auth.install(app, Credentials(records.db) if records is not None else None, auth_failures)
-    api_workers.add_routes(app)
+    app.state.liveness = Liveness(records.db) if records is not None else None
+    api_workers.add_routes(app, workers or WorkersSettings())
     api_cost.add_routes(app)
 
     @app.exception_handler(RequestValidationError)

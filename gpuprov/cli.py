@@ -8,15 +8,17 @@
     gpuprov health NAME               verdict per machine of a job (or one VM): diagnosis + SSH
     gpuprov api                       the control-plane API (nodes register here)
     gpuprov setup                     once per cluster: migrations, namespace, search attributes,
-                                      the reconciler's Schedule
-    gpuprov schedules apply           create or update the reconciler's Schedule (idempotent)
+                                      the reconciler's and the liveness sweep's Schedules
+    gpuprov schedules apply           create or update those Schedules (idempotent)
     gpuprov orphans [--all]           machines the reconciler is (or was) cleaning up, and
                                       those whose job is stuck or whose owner is unknown
     gpuprov end NAME [--yes]          end a stuck job: terminate it, delete its machines
     gpuprov cost [JOB] [--json]       per job and provider: hourly estimate and actual cost;
                                       with JOB, each machine: quote, launched, gone, billed
+    gpuprov workers [drain|undrain|remove ID]  registered machines: liveness, health, drain
     gpuprov token create --label L    a single-use join token for a box you own
-    gpuprov join --url U              on that box: probe it, register it as an existing worker
+    gpuprov join --url U              on that box: register it as an existing worker and leave
+                                      its agent running (a systemd service where it can)
     gpuprov apikey create|list|revoke operator API keys for the control-plane API
     gpuprov codec-server              decrypts payloads for the Temporal UI ([codec] keys)
 Connection settings come from gpuprov.toml (--config or GPUPROV_CONFIG) and the environment
@@ -39,7 +41,7 @@ from typing import NoReturn
 from pydantic import ValidationError
 from temporalio.service import RPCError
 
-from gpuprov import agent, apikeys, owners, schedules
+from gpuprov import agent, apikeys, owners, schedules, service, workers_cli
 from gpuprov import demo as demo_module
 from gpuprov import end as end_command
 from gpuprov import setup as cluster_setup
@@ -195,7 +197,15 @@ def _parser() -> argparse.ArgumentParser:
         default=agent.PACKAGE_STATE_DIR,
         help=f"where this worker's credential is kept (default {agent.PACKAGE_STATE_DIR})",
     )
+    join.add_argument(
+        "--service",
+        choices=("auto", "systemd", "none"),
+        default="auto",
+        help="leave the agent running: a systemd unit (auto: where systemd runs and we are "
+        "root), or none: print the command to run it in the foreground",
+    )
     apikeys.add_parser(commands)
+    workers_cli.add_parser(commands)
     commands.add_parser(
         "codec-server",
         help="serve /encode and /decode so the Temporal UI shows encrypted payloads",
@@ -285,12 +295,10 @@ async def _offers(settings: Settings, args: argparse.Namespace) -> int:
 async def _dev(settings: Settings, args: argparse.Namespace) -> int:
     settings = with_default_cloud(settings)
     async with dev_stack(settings) as stack:
-        task_queue = settings.temporal.task_queue
-        outcome = await schedules.apply_reconcile_schedule(
-            stack.client, task_queue, settings.reconcile
-        )
+        reconciler, liveness = await schedules.apply_schedules(stack.client, settings)
         print(f"Temporal dev server at {stack.address}, Web UI at {stack.ui_url}")
-        print(schedules.describe(settings, outcome))
+        print(schedules.describe(settings, reconciler))
+        print(schedules.describe_liveness(settings, liveness))
         print(f"control-plane API at {stack.api_url}")
         if stack.codec_url:
             print(f"payloads encrypted; codec server for the UI at {stack.codec_url}")
@@ -314,7 +322,7 @@ async def _api(settings: Settings, args: argparse.Namespace) -> int:
     if records is None:
         return 130
     try:
-        app = create_app(records)
+        app = create_app(records, workers=settings.workers)
         api = settings.api
         tls = {"tls_cert_file": api.tls_cert_file, "tls_key_file": api.tls_key_file}
         async with serving(app, api.host, api.port, **tls):
@@ -433,12 +441,20 @@ async def _join(settings: Settings, args: argparse.Namespace) -> int:
         tries=args.tries,
         ca_file=args.ca_file,
     )
-    shown = agent.keep_credential(state_dir, response)
+    shown = agent.keep_credential(state_dir, response, args.url, capabilities)
     origin, label = response.get("origin"), response.get("label")
     print(f"joined: worker {response['worker_id']} ({origin}, label {label}), idle")
     if "credential_file" in shown:
         print(f"worker credential kept in {shown['credential_file']} (mode 0600)")
     print(capabilities_text(checked))
+    try:
+        running = await asyncio.to_thread(
+            service.leave_running, state_dir, args.ca_file, args.service
+        )
+    except service.ServiceError as error:
+        raise ConfigError(f"joined, but the agent is not running: {error}") from None
+    for line in running.lines():
+        print(line)
     return 0
 
 
@@ -461,6 +477,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], Awaitable[int]]] = 
     "join": _join,
     "codec-server": _codec_server,
     "apikey": apikeys.command,
+    "workers": workers_cli.command,
 }
 
 

@@ -9,8 +9,18 @@ jobs = await client.list(state=JobState.READY, provider="lambda")  # [JobSummary
 report = await client.end_job("train-7b", reason="stuck after a bad deploy")  # EndReport
 costs = await client.cost("train-7b")  # CostReport; needs database_url= on connect
 
-Every failure is a GpuprovError (JobNotFound, JobAlreadyExists) whose message says what went
-wrong; a wait that runs out raises TimeoutError. examples/sdk_service.py is a worked example.
+The workers (registered machines) live in the control plane's database, so their SDK talks to
+the control-plane API with an operator API key (`gpuprov apikey create`):
+
+async with WorkersClient("https://cp:8080", api_key) as workers:
+    for worker in await workers.list(state="idle"):  # [WorkerSummary]: liveness, health, ...
+        ...
+    await workers.drain(worker_id)      # no new reservations (undrain takes it back)
+    await workers.remove(worker_id)     # revoked, with its credential; its agent stops
+
+Every failure is a GpuprovError (JobNotFound, JobAlreadyExists, WorkerNotFound) whose message
+says what went wrong; a wait that runs out raises TimeoutError. examples/sdk_service.py is a
+worked example.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime, timedelta
 
+import httpx
 from sqlalchemy.exc import SQLAlchemyError
 from temporalio.client import (
     Client,
@@ -41,7 +52,15 @@ from gpuprov.config import CodecSettings, ConfigError, TemporalSettings
 from gpuprov.connection import connect_temporal
 from gpuprov.costs import CostReport, MachineCost, Money, ProviderCost, cost_report
 from gpuprov.db import Database
-from gpuprov.models import HealthReport, JobSpec, JobState, JobStatus, workflow_id_for
+from gpuprov.models import (
+    HealthReport,
+    JobSpec,
+    JobState,
+    JobStatus,
+    WorkerList,
+    WorkerSummary,
+    workflow_id_for,
+)
 from providers import PROVIDER_IDS
 from providers.base import Model, ResourceRequest
 from workflows.health import CheckHealth, HealthRequest
@@ -67,6 +86,10 @@ class JobNotFound(GpuprovError):
 
 
 class JobAlreadyExists(GpuprovError):
+    pass
+
+
+class WorkerNotFound(GpuprovError):
     pass
 
 
@@ -413,6 +436,75 @@ def _read_cost(database_url: str, job: str | None) -> CostReport:
         database.dispose()
 
 
+class WorkersClient:
+    """The control plane's workers, over its API with an operator API key."""
+
+    def __init__(
+        self,
+        api_url: str,
+        api_key: str,
+        *,
+        ca_file: str | None = None,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        self.api_url = api_url.rstrip("/")
+        self._http = httpx.AsyncClient(
+            base_url=self.api_url,
+            headers={"Authorization": f"Bearer {api_key}"},
+            timeout=timeout,
+            verify=ca_file if ca_file is not None else True,
+            transport=transport,
+        )
+
+    async def __aenter__(self) -> WorkersClient:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def list(self, state: str | None = None, job: str | None = None) -> list[WorkerSummary]:
+        """Every worker (of `state`, of `job`), oldest registration first."""
+        params = {name: value for name, value in (("state", state), ("job", job)) if value}
+        answer = await self._call("GET", "/v1/workers", params=params)
+        return WorkerList.model_validate(answer).workers
+
+    async def drain(self, worker_id: str) -> WorkerSummary:
+        """No new reservations for this worker; the job it runs keeps it."""
+        return await self._worker("POST", f"/v1/workers/{worker_id}/drain", worker_id)
+
+    async def undrain(self, worker_id: str) -> WorkerSummary:
+        return await self._worker("POST", f"/v1/workers/{worker_id}/undrain", worker_id)
+
+    async def remove(self, worker_id: str) -> WorkerSummary:
+        """Revoke the worker and its credential (its job is told; its agent stops)."""
+        return await self._worker("DELETE", f"/v1/workers/{worker_id}", worker_id)
+
+    async def _worker(self, method: str, path: str, worker_id: str) -> WorkerSummary:
+        return WorkerSummary.model_validate(await self._call(method, path, worker_id=worker_id))
+
+    async def _call(
+        self, method: str, path: str, *, worker_id: str | None = None, **options: object
+    ) -> object:
+        try:
+            response = await self._http.request(method, path, **options)  # type: ignore[arg-type]
+        except httpx.HTTPError as error:
+            where = f"cannot reach the control-plane API at {self.api_url}"
+            raise GpuprovError(f"{where}: {error}") from None
+        if response.status_code == 404 and worker_id is not None:
+            raise WorkerNotFound(f"no worker {worker_id} that is not revoked")
+        if response.status_code >= 400:
+            try:
+                said = response.json().get("detail")
+            except ValueError:
+                said = response.text[:300]
+            raise GpuprovError(f"the control-plane API answered {response.status_code}: {said}")
+        return response.json()
+
+
 __all__ = [
     "CostReport",
     "EndReport",
@@ -430,4 +522,7 @@ __all__ = [
     "OffersQuery",
     "ProviderCost",
     "ResourceRequest",
+    "WorkerNotFound",
+    "WorkerSummary",
+    "WorkersClient",
 ]

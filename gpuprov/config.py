@@ -1,8 +1,8 @@
 """Settings: one `gpuprov.toml` (path by flag or GPUPROV_CONFIG) plus environment overrides.
 
-Sections: `[temporal]`, `[database]`, `[api]`, `[jobs]`, `[metrics]`, `[codec]`, `[ssh]`,
-`[providers.<id>]`. Any setting can be overridden by an environment variable named after its
-path with double underscores, e.g. `GPUPROV_TEMPORAL__ADDRESS=temporal:7233`,
+Sections: `[temporal]`, `[database]`, `[api]`, `[jobs]`, `[metrics]`, `[reconcile]`, `[workers]`,
+`[codec]`, `[ssh]`, `[providers.<id>]`. Any setting can be overridden by an environment variable
+named after its path with double underscores, e.g. `GPUPROV_TEMPORAL__ADDRESS=temporal:7233`,
 `GPUPROV_METRICS__BIND=0.0.0.0:9464` or `GPUPROV_CODEC__KEYS='{k1 = "<base64>"}'`.
 Arrays and inline tables are read as TOML literals; every other value is text that the setting's
 type converts (numbers, booleans), so a numeric-looking string setting stays a string.
@@ -234,6 +234,24 @@ class ReconcileSettings(Model):
     grace_seconds: float = Field(default=600.0, ge=0, le=MAX_TTL_SECONDS)
 
 
+class WorkersSettings(Model):
+    """Worker liveness (gpuprov/liveness.py): how often agents heartbeat (the API tells them),
+    when a silent one is lost, and how often the `gpuprov-liveness` Schedule sweeps."""
+
+    heartbeat_interval_seconds: float = Field(default=30.0, gt=0, le=3600)
+    lost_after_seconds: float = Field(default=90.0, gt=0)
+    sweep_every_seconds: int = Field(default=30, ge=1)
+
+    @model_validator(mode="after")
+    def _lost_after_a_missed_beat(self) -> WorkersSettings:
+        if self.lost_after_seconds <= self.heartbeat_interval_seconds:
+            raise ValueError(
+                "lost_after_seconds must be longer than heartbeat_interval_seconds "
+                "(a worker is lost only after missing heartbeats)"
+            )
+        return self
+
+
 class MetricsSettings(Model):
     """The worker's Prometheus endpoint: Temporal SDK metrics and gpuprov_* on one /metrics."""
 
@@ -373,6 +391,7 @@ class Settings(Model):
     jobs: JobsSettings = Field(default_factory=JobsSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
+    workers: WorkersSettings = Field(default_factory=WorkersSettings)
     codec: CodecSettings = Field(default_factory=CodecSettings)
     ssh: SshSettings = Field(default_factory=SshSettings)
     providers: ProvidersSettings = Field(default_factory=ProvidersSettings)

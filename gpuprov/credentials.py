@@ -91,6 +91,12 @@ class Credentials:
 
     def __init__(self, db: Database) -> None:
         self.db = db
+        # Built once: a worker's credential is checked on every heartbeat.
+        self._worker_by_credential = (
+            select(WorkerCredential.secret_sha256, WorkerCredential.revoked_at, WorkerRecord)
+            .join(WorkerRecord, col(WorkerRecord.id) == col(WorkerCredential.worker_id))
+            .where(col(WorkerCredential.id) == sa.bindparam("credential_id"))
+        )
 
     # ------------------------------------------------------------------ operator keys
 
@@ -147,15 +153,20 @@ class Credentials:
     # ------------------------------------------------------------------ worker credentials
 
     def worker(self, presented: str) -> WorkerRecord | None:
-        """The live worker whose live credential `presented` is, else None."""
+        """The live worker whose live credential `presented` is, else None. One SELECT: every
+        heartbeat of every node comes through here."""
         credential_id = _parse(presented, WORKER_PREFIX)
         if credential_id is None:
             return None
         with self.db.session() as session:
-            credential = session.get(WorkerCredential, credential_id)
-            if not _matches(credential, presented) or credential.revoked_at is not None:
-                return None
-            worker = session.get(WorkerRecord, credential.worker_id)
-        if worker is None or worker.state == "revoked":
+            found = session.exec(
+                self._worker_by_credential, params={"credential_id": credential_id}
+            ).first()
+        if found is None:
+            return None
+        secret_sha256, revoked_at, worker = found
+        if not hmac.compare_digest(secret_sha256, sha256(presented)) or revoked_at is not None:
+            return None
+        if worker.state == "revoked":
             return None
         return worker

@@ -40,6 +40,8 @@ WORKER_STATES = ("idle", "reserved", "busy", "revoked")
 WORK_STATES = ("assigned", "started", "exited", "stop_requested", "stopped", "abandoned")
 LOG_STREAMS = ("stdout", "stderr", "gpuprov")  # gpuprov: the control plane's own notes
 SSH_CLIENT_KEY_SOURCES = ("configured", "generated")
+WORKER_LIVENESS = ("alive", "lost")  # lost: no heartbeat for [workers] lost_after_seconds
+WORKER_HEALTH = ("healthy", "unhealthy")  # the node's latest GPU verdict
 
 
 def utcnow() -> datetime:
@@ -85,6 +87,12 @@ def _json(*, nullable: bool = False) -> Any:
 
 def _text(*, nullable: bool = False) -> Any:
     return Field(sa_column=sa.Column(sa.Text(), nullable=nullable))
+
+
+def _with_default(column_type: Any, default: Any, server_default: Any) -> Any:
+    """A NOT NULL column that rows written before it existed get a value for."""
+    column = sa.Column(column_type, nullable=False, server_default=server_default)
+    return Field(default=default, sa_column=column)
 
 
 class Table(SQLModel, registry=registry(metadata=sa.MetaData(naming_convention=_NAMING))):
@@ -216,6 +224,17 @@ class WorkerRecord(Table, table=True):
     job: str | None = None
     registered_at: datetime = _time()
     updated_at: datetime = _time()
+    # Liveness (gpuprov/liveness.py): the registration is the first sign of life, then each
+    # heartbeat. `changed_at` moves when liveness or health changes (or an operator removes the
+    # worker); `notified_at` is the `changed_at` its job was last told about.
+    last_seen_at: datetime | None = _time(nullable=True)
+    heartbeats: int = _with_default(sa.Integer(), 0, "0")
+    liveness: str = _with_default(sa.String(), "alive", "alive")  # WORKER_LIVENESS
+    health: str = _with_default(sa.String(), "healthy", "healthy")  # WORKER_HEALTH
+    health_detail: str | None = _text(nullable=True)
+    draining: bool = _with_default(sa.Boolean(), False, sa.false())
+    changed_at: datetime | None = _time(nullable=True)
+    notified_at: datetime | None = _time(nullable=True)
 
 
 class WorkerCredential(Table, table=True):

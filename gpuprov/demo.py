@@ -3,8 +3,11 @@
 A Temporal dev server (with UI) and a worker start; a 2-node H100 job is submitted; the
 cheapest offer has room for one node and answers the second create with a capacity stockout;
 the job tears that attempt down (the one instance that landed included), blocks the offer,
-fails over, reaches `ready`; the demo releases it, waits until every instance is
-confirmed gone, prints the final status and the UI link, and shuts everything down.
+fails over, reaches `ready`. Every booted machine runs the real node agent (gpuprov/agent.py
+`run`, as a local process with a stub nvidia-smi replaying an 8 x H100 node): the demo prints
+each node's registration with what its probe found, and its heartbeats. Then it releases the
+job, waits until every instance is confirmed gone (its agent with it), prints the final status
+and the UI link, and shuts everything down.
 """
 
 from __future__ import annotations
@@ -23,14 +26,18 @@ from gpuprov.config import (
     ProvidersSettings,
     Settings,
     TemporalSettings,
+    WorkersSettings,
 )
 from gpuprov.dev import dev_stack
 from gpuprov.models import JobSpec, JobState, JobStatus, Resources
+from gpuprov.records import Records
 from gpuprov.render import capabilities_text, progress_line, status_text
 from providers.errors import ErrorKind
 from providers.fake import FakeCloudState
 
 DEMO_JOB = "demo-train"
+HEARTBEAT = 1.0  # seconds between a node's heartbeats (30 in production)
+SHOWN_BEATS = 3
 STOCKOUT = (
     "InsufficientInstanceCapacity: We currently do not have sufficient h100x8 capacity in the "
     "Availability Zone you requested (us-east-1a)."
@@ -59,7 +66,7 @@ def demo_cloud(state_path: str | None = None) -> FakeProviderConfig:
             ),
         ],
         boot_delay_seconds=3.0,
-        simulate_agent=True,
+        agent="real",
         delete_delay_seconds=2.0,
         poll_interval=0.5,
         boot_timeout=60,
@@ -80,10 +87,11 @@ def demo_cloud(state_path: str | None = None) -> FakeProviderConfig:
 
 
 def demo_job() -> JobSpec:
+    # No CPU or memory minimum: the agents probe this machine, whatever it is.
     return JobSpec(
         name=DEMO_JOB,
         nodes=2,
-        resources=Resources(gpu="H100", gpus_per_node=8, min_vcpus=32, min_memory_gb=256),
+        resources=Resources(gpu="H100", gpus_per_node=8),
         max_hourly_cost=60.0,
         provisioning_timeout_seconds=300,
     )
@@ -97,6 +105,7 @@ async def run_demo(
             temporal=TemporalSettings(data_dir=data_dir),
             database=DatabaseSettings(url=f"sqlite:///{data_dir}/gpuprov.db"),
             providers=ProvidersSettings(fake=demo_cloud(f"{data_dir}/fake-cloud.db")),
+            workers=WorkersSettings(heartbeat_interval_seconds=HEARTBEAT, lost_after_seconds=10),
         )
         async with dev_stack(settings) as stack:
             out(f"Temporal dev server at {stack.address}, Web UI at {stack.ui_url}")
@@ -110,6 +119,7 @@ async def run_demo(
                 lambda s: s.state is JobState.READY, timeout=300, on_change=printer
             )
             if status.state is JobState.READY:
+                await show_heartbeats(stack.records, status, out)
                 out("job is ready; the work would run now. Releasing it.")
                 await handle.release()
             status = await handle.wait_for(lambda s: False, timeout=300, on_change=printer)
@@ -121,6 +131,24 @@ async def run_demo(
                 hold()
         out("dev server and worker stopped; nothing left running.")
         return status
+
+
+async def show_heartbeats(records: Records, status: JobStatus, out: Callable[[str], None]) -> None:
+    """Each placed node's worker once its agent has sent a few heartbeats."""
+    nodes = {node.worker_id: node.vm for node in status.live_nodes() if node.worker_id}
+    deadline = asyncio.get_running_loop().time() + 30
+    while True:
+        rows = [records.get_worker(worker_id) for worker_id in nodes]
+        done = all(row is not None and row.heartbeats >= SHOWN_BEATS for row in rows)
+        if done or asyncio.get_running_loop().time() > deadline:
+            break
+        await asyncio.sleep(0.2)
+    for row in rows:
+        if row is not None:
+            out(
+                f"  {nodes[row.id]}: worker {row.id} {row.liveness}, {row.health}, "
+                f"{row.heartbeats} heartbeats (one every {HEARTBEAT:g}s)"
+            )
 
 
 def _cloud_ledger(config: FakeProviderConfig | None) -> str:

@@ -25,6 +25,7 @@ from activities.enrolment import Enrolment
 from activities.health import HealthActivities
 from activities.job_context import JobContextActivities
 from activities.k3s import K3sActivities
+from activities.liveness import LivenessActivities
 from activities.reconcile import ReconcileActivities
 from activities.registrations import RegistrationActivities
 from activities.ssh_keys import KeyFileError, KeyStore, carry_over_pins, read_client_key
@@ -49,10 +50,11 @@ from providers import build_all
 from providers.base import CloudProvider
 from workflows.health import CheckHealth
 from workflows.job import ProvisionJob
+from workflows.liveness import WatchWorkers
 from workflows.offers import PlanOffers
 from workflows.reconcile import Reconcile
 
-WORKFLOWS = [ProvisionJob, PlanOffers, Reconcile, CheckHealth]
+WORKFLOWS = [ProvisionJob, PlanOffers, Reconcile, CheckHealth, WatchWorkers]
 
 # Waits between tries to reach a dependency (Temporal, the database) at start-up: a process
 # started before it (or during its restart) waits for it instead of exiting, the way
@@ -157,6 +159,8 @@ def build_worker(
             *WorkActivities(WorkRecords(records.db)).all(),
             # The reconciler asks Temporal (through this worker's client) which jobs are live.
             *ReconcileActivities(providers, records, client).all(),
+            # The liveness sweep signals jobs through this worker's client too.
+            *LivenessActivities(records, client).all(),
             *HealthActivities(providers, records, keys).all(),
         ],
         **worker_options,

@@ -303,6 +303,49 @@ class ExistingWorker(Model):
     capabilities: WorkerCapabilities
 
 
+class WorkerSummary(Model):
+    """One worker as the API, the SDK and `gpuprov workers` show it: never a secret."""
+
+    id: str
+    origin: str  # managed / existing
+    state: str  # idle / reserved / busy / revoked
+    job: str | None
+    provider: str | None
+    region: str | None
+    label: str | None
+    vm: str | None
+    registered_at: datetime
+    updated_at: datetime  # the last change of state or job
+    gpu: str | None  # the most common GPU model, if any
+    gpu_count: int
+    gpu_runtime_ok: bool | None  # None: no GPU and no verdict
+    capabilities: str  # one line: GPUs, driver/CUDA, CPUs, memory, disk, runtime verdict
+    liveness: str = "alive"  # alive / lost
+    last_seen_at: datetime | None = None  # the last heartbeat (or the registration)
+    heartbeats: int = 0
+    health: str = "healthy"  # healthy / unhealthy: the agent's latest GPU verdict
+    health_detail: str | None = None  # why unhealthy, in nvidia-smi's or CUDA's words
+    draining: bool = False  # no new reservations
+
+
+class WorkerList(Model):
+    workers: list[WorkerSummary]
+
+
+class WorkerLiveness(Model):
+    """One worker of a job as the database says now (the `job_workers` step): the job reads it
+    when the liveness sweep wakes it with the `workers_changed` signal."""
+
+    worker_id: str
+    vm: str | None = None  # a managed node's VM identity; None for an existing worker
+    origin: str  # managed / existing
+    state: str  # idle / reserved / busy / revoked
+    liveness: str  # alive / lost
+    health: str  # healthy / unhealthy
+    detail: str | None = None  # why unhealthy, in nvidia-smi's or CUDA's words
+    last_seen_at: datetime | None = None
+
+
 class JobState(StrEnum):
     QUEUED = "queued"
     PROVISIONING = "provisioning"
@@ -442,6 +485,7 @@ class JobStatus(Model):
     leaks: list[str] = Field(default_factory=list)  # teardown steps that did not confirm
     health: list[HealthReport] = Field(default_factory=list)  # latest check per node, when ready
     kubeconfig: str | None = None  # k3s profile: "user@host:/path" of the kubeconfig on node 0
+    workers: list[WorkerLiveness] = Field(default_factory=list)  # liveness, as last read
     work: list[NodeWork] = Field(default_factory=list)  # the run's state on each node, now
     restarts: list[Restart] = Field(default_factory=list)  # each new attempt after a lost node
     ready_at: datetime | None = None  # first ready: max_runtime_seconds counts from here

@@ -426,8 +426,10 @@ class Records:
         capabilities: dict[str, Any],
         state: str,
     ) -> WorkerRecord:
-        """Add a worker row to the caller's transaction (flushed, not committed)."""
+        """Add a worker row to the caller's transaction (flushed, not committed). The
+        registration is its first sign of life; its health is the probe's GPU verdict."""
         now = utcnow()
+        runtime_ok = capabilities.get("gpu_runtime_ok") is True
         row = WorkerRecord(
             origin=_check(origin, WORKER_ORIGINS, "worker origin"),
             provider=provider,
@@ -439,6 +441,9 @@ class Records:
             job=job,
             registered_at=now,
             updated_at=now,
+            last_seen_at=now,
+            health="healthy" if runtime_ok else "unhealthy",
+            health_detail=None if runtime_ok else capabilities.get("gpu_runtime_error"),
         )
         session.add(row)
         session.flush()
@@ -461,14 +466,21 @@ class Records:
         self, *, job: str, eligible: Callable[[WorkerRecord], bool]
     ) -> WorkerRecord | None:
         """Reserve the oldest idle existing worker that `eligible` accepts, or return None.
+        A draining worker (`gpuprov workers drain`) or a lost one is never reserved.
 
-        Each claim is `UPDATE ... WHERE id = ? AND state = 'idle'`: when another job got there
-        first it changes nothing and the next candidate is tried.
+        Each claim is `UPDATE ... WHERE id = ? AND state = 'idle'` (and still alive, not
+        draining): when another job, a drain or the liveness sweep got there first it changes
+        nothing and the next candidate is tried.
         """
+        available = (
+            col(WorkerRecord.state) == "idle",
+            sa.not_(col(WorkerRecord.draining)),
+            col(WorkerRecord.liveness) == "alive",
+        )
         with self.db.session() as session:
             query = (
                 select(WorkerRecord)
-                .where(WorkerRecord.state == "idle", WorkerRecord.origin == "existing")
+                .where(*available, WorkerRecord.origin == "existing")
                 .order_by(col(WorkerRecord.registered_at), col(WorkerRecord.id))
             )
             candidates = list(session.exec(query).all())
@@ -478,7 +490,7 @@ class Records:
             with self.db.session() as session:
                 claim = (
                     _update(WorkerRecord)
-                    .where(col(WorkerRecord.id) == candidate.id, col(WorkerRecord.state) == "idle")
+                    .where(col(WorkerRecord.id) == candidate.id, *available)
                     .values(state="reserved", job=job, updated_at=utcnow())
                 )
                 if session.exec(claim).rowcount == 1:

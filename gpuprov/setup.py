@@ -8,9 +8,10 @@
    the operator service, only the missing ones. An attribute that exists with another type is an
    error the operator must resolve: silently keeping it would break every job's upsert.
 
-4. The orphan reconciler's Schedule (gpuprov/schedules.py): created, or updated to match the
-   `[reconcile]` settings, so compose's one-shot `setup` service stays the only cluster-level
-   step. `gpuprov schedules apply` does this step alone.
+4. The Schedules (gpuprov/schedules.py): the orphan reconciler's and the worker liveness
+   sweep's, each created or updated to match the `[reconcile]` and `[workers]` settings, so
+   compose's one-shot `setup` service stays the only cluster-level step. `gpuprov schedules
+   apply` does this step alone.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from gpuprov.client import GpuprovError
 from gpuprov.config import Settings
 from gpuprov.db import Database
 from gpuprov.engine import connect
-from gpuprov.schedules import SCHEDULE_ID, Outcome, apply_reconcile_schedule
+from gpuprov.schedules import LIVENESS_SCHEDULE_ID, SCHEDULE_ID, Outcome, apply_schedules
 
 KEYWORD = IndexedValueType.INDEXED_VALUE_TYPE_KEYWORD
 DEFAULT_RETENTION = timedelta(days=30)  # closed jobs stay inspectable in the UI this long
@@ -65,11 +66,13 @@ class SetupReport:
     attributes_added: list[str] = field(default_factory=list)
     attributes_present: list[str] = field(default_factory=list)
     schedule: Outcome | None = None  # the reconciler's Schedule
+    liveness_schedule: Outcome | None = None  # the liveness sweep's Schedule
 
     @property
     def changed(self) -> bool:
         migrated = self.revision_before != self.revision_after
-        schedule_changed = self.schedule in ("created", "updated")
+        schedules = (self.schedule, self.liveness_schedule)
+        schedule_changed = any(outcome in ("created", "updated") for outcome in schedules)
         return migrated or self.namespace_created or bool(self.attributes_added) or schedule_changed
 
     def lines(self) -> list[str]:
@@ -84,6 +87,7 @@ class SetupReport:
             f"namespace {self.namespace}: {'created' if self.namespace_created else 'exists'}",
             f"search attributes added: {added}; already present: {present}",
             f"reconciler schedule {SCHEDULE_ID}: {self.schedule or 'not applied'}",
+            f"liveness schedule {LIVENESS_SCHEDULE_ID}: {self.liveness_schedule or 'not applied'}",
             "setup done" if self.changed else "nothing to do: already set up",
         ]
 
@@ -108,17 +112,15 @@ async def setup_cluster(
     report.namespace_created = await _ensure_namespace(client, report.namespace, retention)
     added, present = await _ensure_search_attributes(client, report.namespace, deadline)
     report.attributes_added, report.attributes_present = added, present
-    report.schedule = await _ensure_schedule(client, settings)
+    report.schedule, report.liveness_schedule = await _ensure_schedules(client, settings)
     return report
 
 
-async def _ensure_schedule(client: Client, settings: Settings) -> Outcome:
+async def _ensure_schedules(client: Client, settings: Settings) -> tuple[Outcome, Outcome]:
     try:
-        return await apply_reconcile_schedule(
-            client, settings.temporal.task_queue, settings.reconcile
-        )
+        return await apply_schedules(client, settings)
     except RPCError as error:
-        raise SetupError(f"cannot apply the reconciler schedule: {error.message}") from None
+        raise SetupError(f"cannot apply the schedules: {error.message}") from None
 
 
 def _migrate(url: str) -> tuple[str | None, str | None]:

@@ -1,10 +1,12 @@
 """The node agent on a machine that boots with cloud-init: the files it needs, where they go, the
 SHA-256 the agent is pinned to, and the systemd unit that runs it.
 
-The agent is gpuprov/agent.py byte for byte: one standard-library file, no secret in it. The
+The agent is gpuprov/agent.py with its prose blanked out (`agent_source`): one
+standard-library file, no secret in it. The
 create call's user data (providers/userdata.py) installs, through cloud-init's write_files:
 
-    /usr/local/lib/gpuprov/agent.py            0644  the agent (gzip+base64 in the user data)
+    /usr/local/lib/gpuprov/agent.py            0644  the agent, its comments and docstrings
+                                                     blanked (gzip+base64 in the user data)
     /etc/gpuprov/join.env                      0600  GPUPROV_API_URL, GPUPROV_JOIN_TOKEN, GPUPROV_VM
     /etc/gpuprov/api-ca.pem                    0644  the API's CA, with `[api] ca_file`
     /etc/systemd/system/gpuprov-agent.service  0644  the unit below
@@ -26,8 +28,11 @@ from the root-only file, never from the command line or the unit's environment.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
+import io
+import tokenize
 from importlib import resources
 
 AGENT_PATH = "/usr/local/lib/gpuprov/agent.py"
@@ -44,8 +49,42 @@ EXIT_REFUSED = 2  # gpuprov/agent.py: an error that retrying cannot fix
 
 @functools.cache
 def agent_source() -> bytes:
-    """The node agent as shipped with this worker (gpuprov/agent.py)."""
-    return resources.files("gpuprov").joinpath("agent.py").read_bytes()
+    """The node agent as this worker ships it to a node: gpuprov/agent.py with its comments and
+    docstrings blanked out, line for line (so a traceback's line numbers still match the
+    repository's file). EC2 takes 16 KB of user data, compressed or not, and the agent's prose
+    is a third of its size; the code the node runs is the same."""
+    return without_prose(resources.files("gpuprov").joinpath("agent.py").read_text("utf-8"))
+
+
+def without_prose(source: str) -> bytes:
+    """`source` with every comment and docstring blanked, keeping every line where it was
+    (a docstring becomes `""` on its first line: a body never ends up empty)."""
+    lines = source.splitlines(keepends=True)
+    for node in ast.walk(ast.parse(source)):
+        body = getattr(node, "body", None)
+        if not isinstance(node, _WITH_DOCSTRING) or not body:
+            continue
+        first = body[0]
+        docstring = isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+        if docstring and isinstance(first.value.value, str) and first.end_lineno is not None:
+            start, end = first.lineno - 1, first.end_lineno
+            indent = lines[start][: len(lines[start]) - len(lines[start].lstrip())]
+            lines[start] = f'{indent}""\n'
+            for index in range(start + 1, end):
+                lines[index] = "\n"
+    text = "".join(lines)
+    cut: dict[int, int] = {}  # line (0-based) -> column where its comment starts
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type == tokenize.COMMENT and not token.string.startswith("#!"):
+            cut[token.start[0] - 1] = token.start[1]
+    lines = text.splitlines(keepends=True)
+    for index, column in cut.items():
+        kept = lines[index][:column].rstrip()
+        lines[index] = f"{kept}\n"
+    return "".join(lines).encode("utf-8")
+
+
+_WITH_DOCSTRING = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def agent_sha256() -> str:

@@ -19,6 +19,7 @@ SMALLEST = Sizes(
     failover_repeats=1,
     triple_failover_repeats=1,
     observe_intervals=2,
+    heartbeats=(5, 0.5, 1.5, 1.0),
 )
 
 
@@ -42,6 +43,11 @@ async def test_bench_smallest_sizes_run_and_render(client: Client) -> None:
     for run in results.observe:
         assert run.error is None and run.still_waiting == run.jobs
         assert run.observe + run.list > 0
+    beats = results.heartbeats
+    assert beats is not None and beats.error is None, beats
+    for phase in (beats.floor, beats.paced, beats.unpaced):
+        assert phase is not None and phase.ok == phase.sent > 0 and phase.errors == {}
+    assert beats.paced.sent == 5 * 3  # each of 5 agents every 0.5 s for 1.5 s
 
     report = render(results)
     for heading in (
@@ -52,7 +58,9 @@ async def test_bench_smallest_sizes_run_and_render(client: Client) -> None:
         "## Failover latency",
         "## Cloud API calls",
         "## History per job",
+        "## Heartbeats: one API process",
     ):
         assert heading in report
     assert f"| single node, happy path (1 job) | {happy.events} |" in report
     assert "| Temporal floor (bench/floor.py) | 5 | 5 |" in report
+    assert "| one API process holds 1000 nodes at 30 s, < 10% of a core |" in report

@@ -40,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.errors import StepFailure
     from activities.health import HealthActivities, HealthInput, NodesHealthInput
     from activities.job_context import ContextInput, JobContextActivities
+    from activities.liveness import JobWorkersInput, LivenessActivities
     from activities.store import (
         PlacedInput,
         ReleaseInput,
@@ -315,7 +316,9 @@ class ProvisionJob:
         while not await self._should_end():
             self._status.work = await run_step(WorkActivities.work_state, epoch)
             await self._look()
-            judgement = running.judge(self._status.work, self._status.health, {})
+            judgement = running.judge(
+                self._status.work, self._status.health, running.lost(self._status.workers)
+            )
             if isinstance(judgement, running.Completed):
                 return
             if isinstance(judgement, running.Failed):
@@ -362,7 +365,11 @@ class ProvisionJob:
         return max(1.0, (min(wakes) - now).total_seconds())
 
     async def _look(self) -> None:
-        """After a wake: the machines' health when a check is due, then the details."""
+        """After a wake: the workers' liveness as the database says it (the heartbeats' truth),
+        the machines' health when a check is due, then the details."""
+        self._status.workers = await run_step(
+            LivenessActivities.job_workers, JobWorkersInput(job=self._spec.name)
+        )
         due = self._next_check is not None and workflow.now() >= self._next_check
         if not due:
             self._publish_details()

@@ -20,6 +20,13 @@ def current_details(status: JobStatus) -> str:
     lines += [f"- attempt {a.describe()}" for a in status.attempts]
     lines += [f"- restart {r.number}: {r.cause}" for r in status.restarts]
     lines += [
+        f"- worker {w.vm or w.worker_id}: **lost** (last seen {w.last_seen_at or 'never'})"
+        if w.liveness == "lost"
+        else f"- worker {w.vm or w.worker_id}: **unhealthy**: {w.detail or 'no detail'}"
+        for w in status.workers
+        if w.state != "revoked" and (w.liveness == "lost" or w.health == "unhealthy")
+    ]
+    lines += [
         f"- node {w.rank}: {w.state.value}"
         + (f", exit code {w.exit_code}" if w.exit_code is not None else "")
         for w in status.work

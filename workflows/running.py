@@ -19,6 +19,7 @@ from gpuprov.models import (
     JobSpec,
     NodeInstance,
     NodeWork,
+    WorkerLiveness,
     WorkState,
 )
 from gpuprov.work import Assignment, RunCommand
@@ -135,6 +136,21 @@ def judge(
     if work and all(node.state is WorkState.EXITED for node in work):
         return Completed()
     return Running()
+
+
+def lost(workers: list[WorkerLiveness]) -> dict[str, str]:
+    """Worker id -> why it cannot carry the work any more: its agent went silent, or it
+    reports a broken GPU (a GPU fallen off the bus, an uncorrectable ECC error, ...)."""
+    reasons = {}
+    for worker in workers:
+        if worker.state == "revoked":  # an earlier attempt's, already let go
+            continue
+        if worker.liveness == "lost":
+            seen = worker.last_seen_at.isoformat() if worker.last_seen_at else "never"
+            reasons[worker.worker_id] = f"its agent went silent (last heard {seen})"
+        elif worker.health == "unhealthy":
+            reasons[worker.worker_id] = f"unhealthy: {worker.detail or 'its agent says so'}"
+    return reasons
 
 
 def failure_message(node: NodeWork) -> str:

@@ -27,6 +27,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.health import HealthActivities
     from activities.job_context import JobContextActivities
     from activities.k3s import K3sActivities
+    from activities.liveness import LivenessActivities
     from activities.reconcile import ReconcileActivities
     from activities.registrations import RegistrationActivities
     from activities.store import StoreActivities
@@ -114,6 +115,7 @@ STEPS: dict[Callable[..., Any], Step] = {
     WorkActivities.stop_work: _bookkeeping(),
     WorkActivities.abandon_work: _bookkeeping(policy.TEARDOWN_RETRY),
     WorkActivities.work_state: _bookkeeping(),
+    LivenessActivities.job_workers: _bookkeeping(),
     # the cloud
     CloudActivities.plan: _cloud_call(Stage.PLAN),
     CloudActivities.prepare: _cloud_call(Stage.ATTEMPT),
@@ -131,6 +133,8 @@ STEPS: dict[Callable[..., Any], Step] = {
     HealthActivities.check_nodes: Step(Stage.ATTEMPT, policy.FORWARD_RETRY, NODES_HEALTH_STEP),
     # the reconciler
     ReconcileActivities.reconcile_survey: Step(Stage.PLAN, policy.FORWARD_RETRY, CLOUD_STEP),
+    # the liveness sweep
+    LivenessActivities.sweep_liveness: Step(Stage.BOOKKEEPING, policy.FORWARD_RETRY, CLOUD_STEP),
 }
 
 

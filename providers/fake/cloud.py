@@ -7,16 +7,18 @@ Primitive -> what happens in the ledger:
   shuffle, as a real cloud's API answers in an order of its own (a test of the core's ranking
   that sees offers already in ranked order cannot fail).
 - prepare: records a per-VM firewall side resource (idempotent).
-- create: adds one instance row labelled with the VM; `boot_mode` comes from fault effects.
+- create: adds one instance row labelled with the VM; `boot_mode` comes from fault effects. With
+  the real agent it also keeps the instance's cloud-init user data (providers/userdata.py).
 - observe: instances of the VM in the region that are not gone; Pending until boot_delay has
   passed, then Running with an SSH endpoint (Failed / forever Pending under fault effects);
   Stopping until delete_delay has passed after a delete; Failed ("preempted") once the ledger
-  says the cloud took it back (`FakeCloudState.preempt`). With `simulate_agent`, a Running
-  instance's agent registers through the real API with the join token from its bootstrap
-  (providers/fake/agent.py).
+  says the cloud took it back (`FakeCloudState.preempt`). A Running instance's agent starts
+  there: the simulated one (`simulate_agent`, providers/fake/agent.py) registers through the
+  real API with the join token from its bootstrap and heartbeats; the real one (`agent =
+  "real"`, providers/fake/node.py) is gpuprov/agent.py `run` in a local process.
 - observe_region: the same for every VM in the region in one call (counted as "list").
 - sweep_regions: every configured region (no call).
-- delete: marks the given ids deleted (unknown ids are success).
+- delete: marks the given ids deleted (unknown ids are success) and stops their agents.
 - cleanup: deletes the VM's side resources in the region.
 
 Every primitive first counts the call and consults the fault rules (see `FaultRule`); the
@@ -28,10 +30,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+import shutil
+import tempfile
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
+import providers.fake.node as node
 from providers.base import (
     Capabilities,
     CloudProvider,
@@ -46,13 +52,22 @@ from providers.base import (
     price_quote,
 )
 from providers.errors import ErrorKind, ProviderError
-from providers.fake.agent import register, simulated_capabilities
-from providers.fake.config import FakeInstanceType, FakeProviderConfig, FaultRule
+from providers.fake.agent import GPU_FAULT_DETAILS, heartbeat, register, simulated_capabilities
+from providers.fake.config import GPU_FAULTS, FakeInstanceType, FakeProviderConfig, FaultRule
 from providers.fake.state import FakeCloudState, InstanceRow
 from providers.settings import capabilities_from
+from providers.userdata import user_data
 
 PROVIDER_ID = "fake"
 PRICE_SOURCE = "simulated"
+USER_DATA_LIMIT = 64 * 1024  # what the fake cloud takes, like most clouds' user data
+BOOT_MODES = {
+    "boot_failed": "failed",
+    "boot_hang": "hang",
+    "bad_runtime": "bad_runtime",
+    "no_agent": "no_agent",
+    **{fault: fault for fault in GPU_FAULTS},
+}
 
 
 class FakeCloud(CloudProvider):
@@ -68,17 +83,24 @@ class FakeCloud(CloudProvider):
         self.config = config
         self.state = state or FakeCloudState(config.state_path)
         self.shuffle_offers = shuffle_offers  # seed of plan's offer order; None: cheapest first
-        self._agents: dict[str, asyncio.Task[None]] = {}  # instance id -> registering agent
+        self._agents: dict[str, asyncio.Task[None]] = {}  # instance id -> simulated agent
+        self.nodes: dict[str, node.Node] = {}  # instance id -> real agent (agent = "real")
+        self._own_root: str | None = None
+        self._fixtures = Path(config.nvidia_smi_fixtures or node.DEFAULT_FIXTURES)
 
     def capabilities(self) -> Capabilities:
         return capabilities_from(
-            self.config, node_agent=self.config.simulate_agent, billing=self.config.billing
+            self.config, node_agent=self.config.agent_mode != "none", billing=self.config.billing
         )
 
     async def aclose(self) -> None:
         for task in self._agents.values():
             task.cancel()
         await asyncio.gather(*self._agents.values(), return_exceptions=True)
+        for machine in self.nodes.values():
+            await asyncio.to_thread(machine.kill)
+        if self._own_root is not None:
+            shutil.rmtree(self._own_root, ignore_errors=True)
         self.state.close()
 
     def secrets(self) -> list[str]:
@@ -114,21 +136,22 @@ class FakeCloud(CloudProvider):
         )
         if fault is not None and fault.effect == "error":
             raise ProviderError(fault.kind, fault.message)
-        boot_mode = {
-            "boot_failed": "failed",
-            "boot_hang": "hang",
-            "bad_runtime": "bad_runtime",
-            "no_agent": "no_agent",
-        }
+        instance_type = self._instance_type(offer)
+        real = self.config.agent_mode == "real" and spec.bootstrap is not None
+        if real:
+            node.check_captured(instance_type, self._fixtures)
+        effect = fault.effect if fault else ""
         instance_id = self.state.add_instance(
             vm=spec.vm,
             region=offer.region,
             zone=offer.zone,
             offer_id=offer.id,
-            instance_type=self._instance_type(offer).name,
-            boot_mode=boot_mode.get(fault.effect if fault else "", "normal"),
+            instance_type=instance_type.name,
+            boot_mode=BOOT_MODES.get(effect, "normal"),
             api_url=spec.bootstrap.api_url if spec.bootstrap else None,
             join_token=spec.bootstrap.join_token if spec.bootstrap else None,
+            user_data=user_data(spec, max_bytes=USER_DATA_LIMIT, cloud="fake") if real else None,
+            fault_after=fault.delay_seconds if fault and effect in GPU_FAULTS else 0.0,
         )
         if fault is not None and fault.effect == "lost_response":
             raise ProviderError(fault.kind, fault.message)
@@ -166,6 +189,13 @@ class FakeCloud(CloudProvider):
     async def delete(self, location: Location, vm: str, ids: list[str]) -> None:
         await self._enter("delete", region=location.region, vm=vm)
         self.state.mark_deleted(vm, location.region, ids)
+        for instance_id in ids:  # the machine shuts down: so does whatever ran on it
+            task = self._agents.pop(instance_id, None)
+            if task is not None:
+                task.cancel()
+            machine = self.nodes.get(instance_id)
+            if machine is not None:
+                await asyncio.to_thread(machine.kill)
 
     async def cleanup(self, location: Location, vm: str) -> None:
         await self._enter("cleanup", region=location.region, vm=vm)
@@ -196,17 +226,22 @@ class FakeCloud(CloudProvider):
         return now - self.config.delete_delay_seconds
 
     def _boot_agent(self, row: InstanceRow) -> None:
-        """A booted instance's agent registers once; observe is where the fake notices the
-        boot, so a restarted worker picks up agents that had not registered yet. Several
-        workers observe the same instance: the state file lets one of them run its agent at a
-        time (as a node runs one agent), so no second agent spends the token again."""
-        pending = row.agent_state in ("pending", "running")
-        if not self.config.simulate_agent or not pending or not row.join_token:
-            return
+        """A booted instance's agent starts once; observe is where the fake notices the boot,
+        so a restarted worker picks up simulated agents that had not registered yet. Several
+        workers observe the same instance: the state file lets one of them run its simulated
+        agent at a time (as a node runs one agent), so no second agent spends the token again.
+        An instance booted with the `no_agent` fault runs none."""
         if row.boot_mode == "no_agent":
             return
+        if self.config.agent_mode == "real":
+            if row.user_data and row.id not in self.nodes and row.deleted_at is None:
+                self.nodes[row.id] = self._boot_node(row)
+            return
+        pending = row.agent_state in ("pending", "running")
+        if self.config.agent_mode != "simulated" or not pending:
+            return
         task = self._agents.get(row.id)
-        if task is not None and not task.done():
+        if not row.join_token or (task is not None and not task.done()):
             return
         if not self.state.claim_agent(row.id):
             return
@@ -216,8 +251,38 @@ class FakeCloud(CloudProvider):
         assert row.api_url is not None and row.join_token is not None
         instance_type = next(t for t in self.config.instance_types if t.name == row.instance_type)
         capabilities = simulated_capabilities(instance_type, row.boot_mode == "bad_runtime")
-        accepted = await register(row.api_url, row.join_token, capabilities)
-        self.state.set_agent_state(row.id, "registered" if accepted else "rejected")
+        credential = await register(row.api_url, row.join_token, capabilities)
+        self.state.set_agent_state(row.id, "registered" if credential else "rejected")
+        if credential is None:
+            return
+        broken_from = row.created_at + self.config.boot_delay_seconds + row.fault_after
+
+        def health() -> tuple[bool, str | None]:
+            if row.boot_mode == "bad_runtime":
+                return False, capabilities.gpu_runtime_error
+            if row.boot_mode in GPU_FAULT_DETAILS and time.time() >= broken_from:
+                return False, GPU_FAULT_DETAILS[row.boot_mode]
+            return True, None
+
+        await heartbeat(row.api_url, credential, health)
+
+    def _boot_node(self, row: InstanceRow) -> node.Node:
+        """The real agent on the instance, in its own root under the agent root."""
+        assert row.user_data is not None
+        if self.config.agent_root is not None:
+            base = Path(self.config.agent_root)
+        else:
+            if self._own_root is None:
+                self._own_root = tempfile.mkdtemp(prefix="gpuprov-fake-nodes-")
+            base = Path(self._own_root)
+        self.state.set_agent_state(row.id, "started")
+        return node.boot(
+            base / row.id,
+            row.user_data,
+            fixtures=self._fixtures,
+            fault=row.boot_mode,
+            broken_from=row.created_at + self.config.boot_delay_seconds + row.fault_after,
+        )
 
     async def _enter(
         self,

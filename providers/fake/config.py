@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from providers.base import Billing, Model
 from providers.errors import ErrorKind
@@ -31,8 +31,20 @@ class FakeInstanceType(Model):
 
 FakePrimitive = Literal["plan", "prepare", "create", "observe", "list", "delete", "cleanup"]
 FaultEffect = Literal[
-    "error", "lost_response", "boot_failed", "boot_hang", "bad_runtime", "no_agent", "delay"
+    "error",
+    "lost_response",
+    "boot_failed",
+    "boot_hang",
+    "bad_runtime",
+    "no_agent",
+    "gpu_lost",
+    "ecc_error",
+    "gpu_missing",
+    "delay",
 ]
+# Effects on the node's GPUs, noticed by its agent's heartbeats `delay_seconds` after boot.
+GPU_FAULTS = ("gpu_lost", "ecc_error", "gpu_missing")
+AgentMode = Literal["none", "simulated", "real"]
 
 
 class FaultRule(Model):
@@ -48,6 +60,9 @@ class FaultRule(Model):
     - boot_hang (create): the instance is created and never leaves Pending.
     - bad_runtime (create): the instance boots, but its agent reports a broken GPU runtime.
     - no_agent (create): the instance boots, but its agent never registers (a bad image).
+    - gpu_lost / ecc_error / gpu_missing (create): the instance boots healthy; `delay_seconds`
+      after boot one GPU falls off the bus (Xid 79), has an uncorrectable ECC error (Xid 48), or
+      vanishes from nvidia-smi's list, and the agent's heartbeats say so.
     - delay: the call sleeps `delay_seconds`, then proceeds normally (a slow API).
     """
 
@@ -93,9 +108,29 @@ class FakeProviderConfig(ProviderSettings):
     ssh_host: str = "127.0.0.1"
     ssh_port: int = 22
     # Booted instances run a simulated node agent that registers through the control-plane
-    # API with the join token they were given; jobs then wait for that registration.
+    # API with the join token they were given, then heartbeats; jobs wait for the registration.
     simulate_agent: bool = False
+    # What runs on a booted instance: nothing, the simulated agent, or the real node agent
+    # (gpuprov/agent.py `run`) as a local process (providers/fake/node.py). None: "simulated"
+    # with simulate_agent, else "none".
+    agent: AgentMode | None = None
+    # The real agent's per-instance roots (None: a temporary directory per cloud object), and
+    # the captured nvidia-smi outputs its stub replays (None: tests/fixtures/nvidia-smi).
+    agent_root: str | None = None
+    nvidia_smi_fixtures: str | None = None
     faults: list[FaultRule] = Field(default_factory=list)
     # How its simulated machines are billed: exact seconds unless set (`[providers.fake.billing]
     # granularity_seconds = 60`, `minimum_seconds = 60`), so tests can exercise any cloud's terms.
     billing: Billing = Field(default_factory=Billing)
+
+    @model_validator(mode="after")
+    def _one_agent_mode(self) -> FakeProviderConfig:
+        if self.simulate_agent and self.agent not in (None, "simulated"):
+            raise ValueError(f"simulate_agent = true contradicts agent = {self.agent!r}")
+        return self
+
+    @property
+    def agent_mode(self) -> AgentMode:
+        if self.agent is not None:
+            return self.agent
+        return "simulated" if self.simulate_agent else "none"

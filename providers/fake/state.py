@@ -29,7 +29,9 @@ CREATE TABLE IF NOT EXISTS instances (
     api_url TEXT,
     join_token TEXT,
     agent_state TEXT NOT NULL DEFAULT 'pending',
-    agent_pid INTEGER
+    agent_pid INTEGER,
+    user_data TEXT,
+    fault_after REAL NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS instances_vm ON instances (vm, region);
 CREATE TABLE IF NOT EXISTS side_resources (
@@ -58,6 +60,13 @@ CREATE TABLE IF NOT EXISTS calls (
 """
 
 
+NEWER_COLUMNS = {
+    "agent_pid": "INTEGER",
+    "user_data": "TEXT",
+    "fault_after": "REAL NOT NULL DEFAULT 0",
+}
+
+
 @dataclass(frozen=True)
 class InstanceRow:
     id: str
@@ -66,12 +75,18 @@ class InstanceRow:
     zone: str | None
     offer_id: str
     instance_type: str
-    boot_mode: str  # normal / failed / hang / bad_runtime / no_agent / preempted
+    # normal / failed / hang / bad_runtime / no_agent / preempted / gpu_lost / ecc_error /
+    # gpu_missing
+    boot_mode: str
     created_at: float
     deleted_at: float | None
     api_url: str | None = None  # the node's bootstrap (the cloud's "user data")
     join_token: str | None = None
-    agent_state: str = "pending"  # pending / running (a process runs it) / registered / rejected
+    # pending / running (a worker process runs its simulated agent) / registered / rejected /
+    # started (the real agent)
+    agent_state: str = "pending"
+    user_data: str | None = None  # what cloud-init would get (the real-agent mode)
+    fault_after: float = 0.0  # a GPU fault (gpu_lost, ...) shows this long after boot
 
 
 class FakeCloudState:
@@ -82,12 +97,17 @@ class FakeCloudState:
         self._db = sqlite3.connect(self.path, timeout=30, isolation_level=None)
         self._db.execute("PRAGMA busy_timeout = 30000")
         self._db.executescript(SCHEMA)
-        columns = {row[1] for row in self._db.execute("PRAGMA table_info(instances)")}
-        if "agent_pid" not in columns:  # a state file written before agents were claimed
-            self._db.execute("ALTER TABLE instances ADD COLUMN agent_pid INTEGER")
+        self._add_columns()
 
     def close(self) -> None:
         self._db.close()
+
+    def _add_columns(self) -> None:
+        """A ledger file written before the real-agent mode lacks its two columns."""
+        have = {row[1] for row in self._db.execute("PRAGMA table_info(instances)").fetchall()}
+        for column, declaration in NEWER_COLUMNS.items():
+            if column not in have:
+                self._db.execute(f"ALTER TABLE instances ADD COLUMN {column} {declaration}")
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -152,12 +172,14 @@ class FakeCloudState:
         boot_mode: str,
         api_url: str | None = None,
         join_token: str | None = None,
+        user_data: str | None = None,
+        fault_after: float = 0.0,
     ) -> str:
         with self._transaction() as db:
             cursor = db.execute(
                 "INSERT INTO instances (id, vm, region, zone, offer_id, instance_type, "
-                "boot_mode, created_at, api_url, join_token) "
-                "VALUES ('', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "boot_mode, created_at, api_url, join_token, user_data, fault_after) "
+                "VALUES ('', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     vm,
                     region,
@@ -168,6 +190,8 @@ class FakeCloudState:
                     time.time(),
                     api_url,
                     join_token,
+                    user_data,
+                    fault_after,
                 ),
             )
             instance_id = f"fake-i-{cursor.lastrowid:06d}"
@@ -182,7 +206,7 @@ class FakeCloudState:
         scan of the table stays in SQLite, which uses no index with these optional filters)."""
         query = (
             "SELECT id, vm, region, zone, offer_id, instance_type, boot_mode, created_at, "
-            "deleted_at, api_url, join_token, agent_state FROM instances "
+            "deleted_at, api_url, join_token, agent_state, user_data, fault_after FROM instances "
             "WHERE (? IS NULL OR vm = ?) AND (? IS NULL OR region = ?) "
             "AND (? IS NULL OR deleted_at IS NULL OR deleted_at > ?) "
             "ORDER BY seq"

@@ -978,4 +978,6 @@ async def test_agent_process_never_shows_the_token(live_api, fake_smi, tmp_path)
     assert credential not in out.decode() + err.decode() + secrets_in(dump)
     worker = Credentials(live_api.records.db).worker(credential)
     assert worker is not None and worker.id == shown["worker_id"]
-    assert sorted(path.name for path in node_dir.iterdir()) == ["agent.py", agent.CREDENTIAL_FILE]
+    kept_files = sorted(path.name for path in node_dir.iterdir())
+    assert kept_files == ["agent.py", agent.CREDENTIAL_FILE, agent.NODE_FILE]
+    assert credential not in (node_dir / agent.NODE_FILE).read_text()

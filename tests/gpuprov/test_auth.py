@@ -116,8 +116,14 @@ async def test_every_endpoint_declares_who_may_call_it(app: FastAPI, api: httpx.
         if isinstance(route, APIRoute)
         for method in route.methods
     )
-    assert operator == [("GET", "/v1/cost"), ("GET", "/v1/workers")]
-    assert worker == [("GET", "/v1/workers/me")]
+    assert operator == [
+        ("DELETE", "/v1/workers/{worker_id}"),
+        ("GET", "/v1/cost"),
+        ("GET", "/v1/workers"),
+        ("POST", "/v1/workers/{worker_id}/drain"),
+        ("POST", "/v1/workers/{worker_id}/undrain"),
+    ]
+    assert worker == [("GET", "/v1/workers/me"), ("POST", "/v1/workers/heartbeat")]
     # Everything but health checks a secret (the join token checks its own, throttled).
     assert sorted(set(every) - set(throttled)) == [("GET", "/v1/health")]
     assert set(throttled) == set(operator) | set(worker) | {("POST", REGISTER)}
@@ -153,10 +159,12 @@ async def test_operator_endpoints_refuse_every_call_without_a_live_key_and_chang
     registered = await register_worker(api, records, managed=False)
     cases = _bad_operator_headers(credentials, registered["credential"])
     before = snapshot(records)
+    calls = 0
     for method, path in routes(app, auth.require_operator):
         for case, headers in cases.items():
             # Each call from its own address: this test is about refusals, not throttling.
-            async with client_for(app, (f"192.0.2.{len(case)}", 1)) as caller:
+            calls += 1
+            async with client_for(app, (f"192.0.2.{calls}", 1)) as caller:
                 response = await caller.request(method, path, headers=headers)
             assert response.status_code == 401, (path, case, response.text)
             assert response.headers["www-authenticate"] == "Bearer", case

@@ -44,10 +44,14 @@ async def test_demo_fails_over_reaches_ready_releases_and_leaves_no_process():
     assert created == sorted(
         [f"demo-train-a1-n{landed.group(1)}=1", "demo-train-a2-n0=1", "demo-train-a2-n1=1"]
     )
-    # the nodes of the winning attempt registered through the real API with their tokens
+    # the nodes of the winning attempt ran the real agent: it registered through the real API
+    # with the node's token, with what its probe read from the captured nvidia-smi, then
+    # heartbeated
     for node in ("demo-train-a2-n0", "demo-train-a2-n1"):
         assert re.search(rf"{node}{tag} registered through the API as worker", out), out
-    assert out.count("8 x NVIDIA H100; driver 550.54.15; CUDA 12.4; 208 CPUs") >= 2
+        beats = re.search(rf"{node}{tag}: worker \w+ alive, healthy, (\d+) heartbeats", out)
+        assert beats and int(beats.group(1)) >= 3, out
+    assert out.count("8 x NVIDIA H100 80GB HBM3; driver 550.90.07; CUDA 12.4; ") >= 2
     assert "GPU runtime OK" in out
     assert "Temporal UI for this job: http://127.0.0.1:" in out
     assert "/namespaces/default/workflows/job-demo-train" in out

@@ -70,6 +70,8 @@ async def control_plane(tmp_path) -> AsyncIterator[ControlPlane]:
 
 
 async def gpuprov(*args: str, env: dict[str, str]) -> tuple[int, str, str]:
+    if args[0] == "join" and "--service" not in args:  # never a service of this machine
+        args = (*args, "--service", "none")
     process = await asyncio.create_subprocess_exec(
         GPUPROV,
         *args,

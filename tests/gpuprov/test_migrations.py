@@ -16,7 +16,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from gpuprov.db import Database, alembic_config, metadata, utcnow
+from gpuprov.db import Database, WorkerRecord, alembic_config, metadata, utcnow
 from gpuprov.records import Records
 
 REPO = Path(__file__).resolve().parents[2]
@@ -71,7 +71,7 @@ def test_upgrade_creates_exactly_the_tables(empty: Database):
 
     assert set(sa.inspect(empty.engine).get_table_names()) == TABLES | {"alembic_version"}
     assert {table.name for table in metadata.sorted_tables} == TABLES
-    assert empty.current_revision() == head() == "0006_cost"
+    assert empty.current_revision() == head() == "0007_liveness"
     described = schema(empty)
     assert ("uq_vms_vm", ("vm",)) in described["vms"]["unique"]
     assert ("uq_blocks_scope_key", ("scope", "key")) in described["blocks"]["unique"]
@@ -97,18 +97,8 @@ def test_the_credentials_migration_upgrades_a_database_in_use_and_goes_back(empt
     token = records.mint_token(label="box-1", ttl=timedelta(hours=1))
     with empty.session() as session:
         records.redeem_token(session, token, utcnow())
-        records.register_worker(
-            session,
-            origin="existing",
-            provider=None,
-            region=None,
-            label="box-1",
-            vm=None,
-            job=None,
-            capabilities={},
-            state="idle",
-        )
         session.commit()
+    insert_worker_at_0001(empty, "box-1")
     before = schema(empty)
 
     empty.upgrade("0002_credentials")
@@ -123,6 +113,49 @@ def test_the_credentials_migration_upgrades_a_database_in_use_and_goes_back(empt
     empty.downgrade("0001_initial")
     assert schema(empty) == before
     assert empty.current_revision() == "0001_initial"
+
+
+def insert_worker_at_0001(database: Database, label: str) -> None:
+    """A worker row as revision 0001's table holds it (today's model has more columns)."""
+    now = utcnow()
+    row = WorkerRecord(
+        origin="existing",
+        label=label,
+        capabilities={},
+        state="idle",
+        registered_at=now,
+        updated_at=now,
+    )
+    columns = ("id", "origin", "label", "capabilities", "state", "registered_at", "updated_at")
+    values = {name: getattr(row, name) for name in columns}
+    with database.engine.begin() as connection:
+        workers = sa.Table("workers", sa.MetaData(), autoload_with=connection)
+        connection.execute(sa.insert(workers).values(values))
+
+
+def test_the_liveness_migration_takes_existing_workers_as_seen_at_their_last_update(
+    empty: Database,
+):
+    empty.upgrade("0006_cost")
+    insert_worker_at_0001(empty, "box-1")
+    before = schema(empty)
+
+    empty.upgrade("0007_liveness")
+
+    [worker] = Records(empty).workers()
+    assert worker.last_seen_at == worker.updated_at
+    assert (worker.heartbeats, worker.liveness, worker.health, worker.draining) == (
+        0,
+        "alive",
+        "healthy",
+        False,
+    )
+    assert worker.changed_at is None and worker.notified_at is None
+    empty.downgrade("0006_cost")
+    assert schema(empty) == before
+    with empty.engine.connect() as connection:
+        labels = connection.exec_driver_sql("SELECT label FROM workers").scalars().all()
+    assert labels == ["box-1"]
 
 
 def test_the_workers_vm_index_comes_and_goes_with_its_migration(empty: Database):

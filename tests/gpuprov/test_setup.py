@@ -88,6 +88,7 @@ async def test_setup_registers_attributes_and_migrates_then_is_a_no_op(
     assert second.attributes_added == [] and second.attributes_present == NAMES
     assert (second.revision_before, second.revision_after) == (head(), head())
     assert first.schedule == "created" and second.schedule == "unchanged"
+    assert first.liveness_schedule == "created" and second.liveness_schedule == "unchanged"
     assert not second.namespace_created and not second.changed
     assert second.lines()[-1] == "nothing to do: already set up"
     assert await custom_attributes(env.client, "default") == registered
@@ -153,3 +154,4 @@ def test_gpuprov_setup_command_prints_what_it_did(
     assert "namespace gpuprov-cli: created" in out
     assert f"search attributes added: {', '.join(NAMES)}; already present: none" in out
     assert "reconciler schedule gpuprov-reconcile: created" in out
+    assert "liveness schedule gpuprov-liveness: created" in out

@@ -121,9 +121,10 @@ def test_over_its_limit_a_byte_cloud_gets_the_same_document_gzip_compressed():
     plain = build(node)
     small = compressed_user_data(node, max_bytes=len(plain.encode()), cloud="EC2")
     assert small == plain.encode()  # within the limit: as it is
-    squeezed = compressed_user_data(node, max_bytes=16 * 1024, cloud="EC2")
+    limit = len(plain.encode()) - 1  # one byte over: compressed
+    squeezed = compressed_user_data(node, max_bytes=limit, cloud="EC2")
     assert squeezed[:2] == b"\x1f\x8b" and gzip.decompress(squeezed) == plain.encode()
-    assert squeezed == compressed_user_data(node.model_copy(), max_bytes=16 * 1024, cloud="EC2")
+    assert squeezed == compressed_user_data(node.model_copy(), max_bytes=limit, cloud="EC2")
     with pytest.raises(ProviderError) as caught:
         compressed_user_data(node, max_bytes=len(squeezed) - 1, cloud="EC2")
     assert f"is {len(squeezed)} bytes; EC2 accepts at most" in caught.value.message

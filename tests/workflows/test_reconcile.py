@@ -118,8 +118,9 @@ async def first_scheduled_pass(client: Client, timeout: float = 30) -> str:
 
 
 async def delete_schedule(client: Client) -> None:
-    with contextlib.suppress(RPCError):  # absent: nothing to delete
-        await client.get_schedule_handle(SCHEDULE_ID).delete()
+    for schedule_id in (SCHEDULE_ID, "gpuprov-liveness"):
+        with contextlib.suppress(RPCError):  # absent: nothing to delete
+            await client.get_schedule_handle(schedule_id).delete()
 
 
 async def delete_schedule_at(address: str) -> None:
@@ -363,7 +364,9 @@ def test_gpuprov_schedules_apply_and_orphans_commands(
         asyncio.run(delete_schedule_at(address))
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith(f"reconciler schedule {SCHEDULE_ID}: created (every 300s")
-    assert out[1].startswith(f"reconciler schedule {SCHEDULE_ID}: unchanged")
+    assert out[1].startswith("liveness schedule gpuprov-liveness: created (every 30s")
+    assert out[2].startswith(f"reconciler schedule {SCHEDULE_ID}: unchanged")
+    assert out[3].startswith("liveness schedule gpuprov-liveness: unchanged")
 
     records = open_records(f"sqlite:///{database}")
     try:

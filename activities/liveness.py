@@ -1,0 +1,133 @@
+"""Worker liveness: the sweep that notices silent workers and wakes their jobs, and the read a
+woken job makes.
+
+- sweep_liveness (run by workflows/liveness.py's WatchWorkers, from the Schedule
+  "gpuprov-liveness"): every alive worker not seen for `lost_after_seconds` becomes lost; then
+  every worker whose liveness or health changed since its job was last told (gpuprov/liveness.py)
+  gets its job `job-<job>` sent the signal `workers_changed`, through this worker's Temporal
+  client (as the reconciler queries jobs), once per job however many of its workers changed. A
+  job that is closed or not found is skipped, and the change counts as told: nobody is left to
+  tell. A signal Temporal did not take stays pending for the next sweep.
+- job_workers (a job's local step): every worker the database ties to the job, with its
+  liveness and health, the truth the job acts on. The signal carries nothing and changes
+  nothing by itself, so anyone who can send it can at most wake a job to read this.
+
+Heartbeats never reach Temporal one by one: only a change of a worker's state costs one signal
+(one history event) to its job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from datetime import datetime, timedelta
+
+from pydantic import Field
+from temporalio import activity
+from temporalio.client import Client
+from temporalio.service import RPCError, RPCStatusCode
+
+from activities.errors import truncate
+from gpuprov.db import WorkerRecord
+from gpuprov.liveness import Liveness
+from gpuprov.models import WorkerLiveness, workflow_id_for
+from gpuprov.records import Records
+from providers.base import Model
+
+WORKERS_CHANGED = "workers_changed"  # the job's signal (no payload)
+MAX_NOTIFIED_PER_SWEEP = 1000  # workers; the rest wait for the next sweep
+PARALLEL_SIGNALS = 20
+SIGNAL_RPC_TIMEOUT = timedelta(seconds=10)
+MAX_LINES = 50
+
+
+class SweepInput(Model):
+    lost_after_seconds: float = Field(default=90.0, gt=0)
+
+
+class SweepReport(Model):
+    lost: list[str] = Field(default_factory=list)  # worker ids marked lost by this sweep
+    signalled: list[str] = Field(default_factory=list)  # jobs sent workers_changed
+    skipped: list[str] = Field(default_factory=list)  # jobs closed or not found
+    errors: list[str] = Field(default_factory=list)  # signals Temporal did not take (retried)
+
+
+class JobWorkersInput(Model):
+    job: str
+
+
+def worker_liveness(worker: WorkerRecord) -> WorkerLiveness:
+    return WorkerLiveness(
+        worker_id=worker.id,
+        vm=worker.vm,
+        origin=worker.origin,
+        state=worker.state,
+        liveness=worker.liveness,
+        health=worker.health,
+        detail=worker.health_detail,
+        last_seen_at=worker.last_seen_at,
+    )
+
+
+class LivenessActivities:
+    def __init__(self, records: Records, client: Client) -> None:
+        self._liveness = Liveness(records.db)
+        self._client = client
+
+    def all(self) -> list[object]:
+        return [self.sweep_liveness, self.job_workers]
+
+    @activity.defn(name="job_workers")
+    async def job_workers(self, request: JobWorkersInput) -> list[WorkerLiveness]:
+        rows = await asyncio.to_thread(self._liveness.of_job, request.job)
+        return [worker_liveness(row) for row in rows]
+
+    @activity.defn(name="sweep_liveness")
+    async def sweep_liveness(self, request: SweepInput) -> SweepReport:
+        report = SweepReport()
+        lost_after = timedelta(seconds=request.lost_after_seconds)
+        lost = await asyncio.to_thread(self._liveness.mark_lost, lost_after)
+        report.lost = [worker.id for worker in lost][:MAX_LINES]
+        pending = await asyncio.to_thread(self._liveness.pending, MAX_NOTIFIED_PER_SWEEP)
+        by_job: dict[str, list[WorkerRecord]] = defaultdict(list)
+        for worker in pending:
+            assert worker.job is not None  # pending() reads only workers of a job
+            by_job[worker.job].append(worker)
+        gate = asyncio.Semaphore(PARALLEL_SIGNALS)
+
+        async def tell(job: str, workers: list[WorkerRecord]) -> None:
+            async with gate:
+                outcome = await self._signal(job)
+            if outcome is None:
+                return
+            (report.signalled if outcome else report.skipped).append(job)
+            told = [(worker.id, worker.changed_at) for worker in workers]
+            await asyncio.to_thread(self._record_told, told)
+
+        await asyncio.gather(*(tell(job, workers) for job, workers in sorted(by_job.items())))
+        for job in sorted(set(by_job) - {*report.signalled, *report.skipped}):
+            if len(report.errors) < MAX_LINES:
+                report.errors.append(f"job {job}: workers_changed not delivered, next sweep")
+        report.signalled.sort()
+        report.skipped.sort()
+        return report
+
+    async def _signal(self, job: str) -> bool | None:
+        """True: signalled; False: the job is closed or unknown; None: Temporal did not take it
+        (logged; the change stays pending)."""
+        handle = self._client.get_workflow_handle(workflow_id_for(job))
+        try:
+            await handle.signal(WORKERS_CHANGED, rpc_timeout=SIGNAL_RPC_TIMEOUT)
+        except RPCError as error:
+            if error.status is RPCStatusCode.NOT_FOUND:  # closed, or never started
+                return False
+            activity.logger.warning(
+                "workers_changed to job %s not delivered: %s", job, truncate(error.message, 300)
+            )
+            return None
+        return True
+
+    def _record_told(self, told: list[tuple[str, datetime | None]]) -> None:
+        for worker_id, changed_at in told:
+            if changed_at is not None:
+                self._liveness.notified(worker_id, changed_at)

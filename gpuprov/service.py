@@ -1,0 +1,130 @@
+"""What `gpuprov join` leaves behind on a machine you own: the node agent running `run`, so the
+worker heartbeats like every cloud machine's.
+
+- Where systemd runs and we are root: gpuprov/agent.py copied to /usr/local/lib/gpuprov/agent.py
+  (the service does not depend on where the gpuprov package lives), the unit
+  /etc/systemd/system/gpuprov-agent.service, then `systemctl daemon-reload` and `systemctl enable
+  --now gpuprov-agent.service`. The unit restarts the agent after a failure, but not after exit 0
+  (its credential was revoked: `gpuprov workers remove`) or exit 2 (a refusal that a restart
+  cannot fix).
+- Elsewhere: the foreground command to run under whatever keeps processes alive there (tmux, a
+  container's entrypoint, supervisord), printed by `gpuprov join`.
+
+Either way the agent starts from the credential `join` kept in its state dir: no token is
+involved any more, and the command line holds no secret.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Literal
+
+UNIT_NAME = "gpuprov-agent.service"
+UNIT_DIR = Path("/etc/systemd/system")
+AGENT_DIR = Path("/usr/local/lib/gpuprov")
+SYSTEMD_RUNNING = Path("/run/systemd/system")  # sd_booted(3): systemd is the init system
+ServiceMode = Literal["auto", "systemd", "none"]
+
+
+class ServiceError(Exception):
+    """The service could not be installed; the message says what to do instead."""
+
+
+@dataclass
+class LeftRunning:
+    how: Literal["systemd", "foreground"]
+    command: list[str]
+    unit: Path | None = None
+
+    def lines(self) -> list[str]:
+        if self.how == "systemd":
+            return [
+                f"agent running as the systemd service {UNIT_NAME} ({self.unit}); "
+                f"`journalctl -u {UNIT_NAME}` shows its log"
+            ]
+        return [
+            "no systemd service installed (needs root and systemd); keep the agent running "
+            "with this command, e.g. under tmux or your supervisor:",
+            "    " + shlex.join(self.command),
+        ]
+
+
+def python() -> str:
+    return shutil.which("python3") or sys.executable
+
+
+def agent_command(agent: Path, state_dir: str, ca_file: str | None) -> list[str]:
+    command = [python(), "-I", "-S", str(agent), "run", "--state-dir", state_dir]
+    return command + (["--ca-file", ca_file] if ca_file else [])
+
+
+def unit_text(command: list[str]) -> str:
+    return (
+        "[Unit]\n"
+        "Description=gpuprov node agent (heartbeats to the control plane)\n"
+        "Wants=network-online.target\n"
+        "After=network-online.target\n"
+        "\n"
+        "[Service]\n"
+        f"ExecStart={shlex.join(command)}\n"
+        "Restart=on-failure\n"
+        "RestartSec=10\n"
+        "# 2: refused for good (a bad token, an unusable state dir). 0 (not restarted either):\n"
+        "# the credential was revoked.\n"
+        "RestartPreventExitStatus=2\n"
+        "\n"
+        "[Install]\n"
+        "WantedBy=multi-user.target\n"
+    )
+
+
+def systemd_available() -> bool:
+    return os.geteuid() == 0 and SYSTEMD_RUNNING.is_dir() and shutil.which("systemctl") is not None
+
+
+def install_systemd(
+    state_dir: str,
+    ca_file: str | None,
+    *,
+    unit_dir: Path = UNIT_DIR,
+    agent_dir: Path = AGENT_DIR,
+    systemctl: str = "systemctl",
+) -> LeftRunning:
+    """Copy the agent, write the unit, enable and start it."""
+    agent_dir.mkdir(parents=True, exist_ok=True)
+    agent = agent_dir / "agent.py"
+    agent.write_bytes(resources.files("gpuprov").joinpath("agent.py").read_bytes())
+    agent.chmod(0o644)
+    command = agent_command(agent, os.path.abspath(state_dir), ca_file)
+    unit_dir.mkdir(parents=True, exist_ok=True)
+    unit = unit_dir / UNIT_NAME
+    unit.write_text(unit_text(command))
+    unit.chmod(0o644)
+    for args in (["daemon-reload"], ["enable", "--now", UNIT_NAME]):
+        done = subprocess.run(
+            [systemctl, *args], capture_output=True, text=True, timeout=120, check=False
+        )
+        if done.returncode != 0:
+            said = (done.stderr or done.stdout).strip()[-300:]
+            raise ServiceError(
+                f"systemctl {' '.join(args)} failed ({done.returncode}): {said}; start the agent "
+                f"yourself: {shlex.join(command)}"
+            )
+    return LeftRunning("systemd", command, unit)
+
+
+def leave_running(state_dir: str, ca_file: str | None, mode: ServiceMode = "auto") -> LeftRunning:
+    """The agent as a service where `mode` and the machine allow, else its foreground command."""
+    if mode == "systemd" or (mode == "auto" and systemd_available()):
+        if not systemd_available():
+            raise ServiceError("--service systemd needs root on a machine that runs systemd")
+        return install_systemd(state_dir, ca_file)
+    packaged = Path(str(resources.files("gpuprov").joinpath("agent.py")))
+    return LeftRunning("foreground", agent_command(packaged, os.path.abspath(state_dir), ca_file))
