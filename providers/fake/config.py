@@ -93,3 +93,6 @@ class FakeProviderConfig(ProviderSettings):
     # API with the join token they were given; jobs then wait for that registration.
     simulate_agent: bool = False
     faults: list[FaultRule] = Field(default_factory=list)
+    # What this fake declares it cannot do (Capabilities.unsupported, e.g. ["image", "ports"]):
+    # the core then refuses its offers to a job asking for it, as it would a real cloud's.
+    unsupported: list[str] = Field(default_factory=list)

@@ -7,6 +7,7 @@ chaos harness) in another process can read: every instance ever created stays as
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
@@ -29,7 +30,9 @@ CREATE TABLE IF NOT EXISTS instances (
     api_url TEXT,
     join_token TEXT,
     agent_state TEXT NOT NULL DEFAULT 'pending',
-    agent_pid INTEGER
+    agent_pid INTEGER,
+    image TEXT,
+    ports TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS instances_vm ON instances (vm, region);
 CREATE TABLE IF NOT EXISTS side_resources (
@@ -72,6 +75,8 @@ class InstanceRow:
     api_url: str | None = None  # the node's bootstrap (the cloud's "user data")
     join_token: str | None = None
     agent_state: str = "pending"  # pending / running (a process runs it) / registered / rejected
+    image: str | None = None  # what create was asked to boot (the spec's image)
+    ports: tuple[int, ...] = ()  # what create was asked to open (the spec's ports)
 
 
 class FakeCloudState:
@@ -85,6 +90,9 @@ class FakeCloudState:
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(instances)")}
         if "agent_pid" not in columns:  # a state file written before agents were claimed
             self._db.execute("ALTER TABLE instances ADD COLUMN agent_pid INTEGER")
+        if "image" not in columns:  # a state file written before images and ports were kept
+            self._db.execute("ALTER TABLE instances ADD COLUMN image TEXT")
+            self._db.execute("ALTER TABLE instances ADD COLUMN ports TEXT NOT NULL DEFAULT '[]'")
 
     def close(self) -> None:
         self._db.close()
@@ -152,12 +160,14 @@ class FakeCloudState:
         boot_mode: str,
         api_url: str | None = None,
         join_token: str | None = None,
+        image: str | None = None,
+        ports: list[int] | None = None,
     ) -> str:
         with self._transaction() as db:
             cursor = db.execute(
                 "INSERT INTO instances (id, vm, region, zone, offer_id, instance_type, "
-                "boot_mode, created_at, api_url, join_token) "
-                "VALUES ('', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "boot_mode, created_at, api_url, join_token, image, ports) "
+                "VALUES ('', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     vm,
                     region,
@@ -168,6 +178,8 @@ class FakeCloudState:
                     time.time(),
                     api_url,
                     join_token,
+                    image,
+                    json.dumps(ports or []),
                 ),
             )
             instance_id = f"fake-i-{cursor.lastrowid:06d}"
@@ -182,13 +194,16 @@ class FakeCloudState:
         scan of the table stays in SQLite, which uses no index with these optional filters)."""
         query = (
             "SELECT id, vm, region, zone, offer_id, instance_type, boot_mode, created_at, "
-            "deleted_at, api_url, join_token, agent_state FROM instances "
+            "deleted_at, api_url, join_token, agent_state, image, ports FROM instances "
             "WHERE (? IS NULL OR vm = ?) AND (? IS NULL OR region = ?) "
             "AND (? IS NULL OR deleted_at IS NULL OR deleted_at > ?) "
             "ORDER BY seq"
         )
         args = (vm, vm, region, region, gone_by, gone_by)
-        return [InstanceRow(*row) for row in self._db.execute(query, args).fetchall()]
+        return [
+            InstanceRow(*row[:-1], ports=tuple(json.loads(row[-1])))
+            for row in self._db.execute(query, args).fetchall()
+        ]
 
     def claim_agent(self, instance_id: str, pid: int | None = None) -> bool:
         """Whether process `pid` (this one by default) is to run the instance's agent: a node
