@@ -152,10 +152,7 @@ async def test_a_job_fails_over_to_the_reachable_machine_registers_and_releases_
 async def test_a_job_naming_an_image_never_gets_a_machine_you_own_and_says_why(
     client, task_queue, job_name, tmp_path: Path
 ):
-    box = SshHost(
-        name="box-1", host="127.0.0.1", port=free_port(), key_path="/dev/null", gpu="H100",
-        gpu_count=8,
-    )  # fmt: skip
+    box = SshHost(name="box-1", host="127.0.0.1", key_path="/dev/null", gpu="H100", gpu_count=8)
     machines = SshMachines(SshConfig(hosts=[box], claims_url=f"sqlite:///{tmp_path / 'claims.db'}"))
     spec = job(job_name, image="nvcr.io/nvidia/pytorch:24.05-py3", provisioning_timeout_seconds=30)
     try:
