@@ -49,6 +49,7 @@ from providers.base import (
     Offer,
     ResourceRequest,
     compatibility_reasons,
+    refusal,
     unsupported_reasons,
 )
 from providers.errors import ErrorKind, ProviderError
@@ -164,7 +165,7 @@ class CloudActivities:
             request.provider, self._capabilities(request.provider), request.request
         )
         if refused:  # no offer of this cloud could serve: its (rate-limited) plan is not asked
-            return PlanResult(rejected=[f"{request.provider}/*: {'; '.join(refused)}"])
+            return PlanResult(rejected=[refusal(request.provider, refused)])
         async with _beating():
             with scrubbed(provider):
                 offers = await provider.plan(request.request)

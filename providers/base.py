@@ -222,6 +222,15 @@ def unsupported_reasons(
     ]
 
 
+EVERY_OFFER = "*"  # the offer id's tail in a rejection of every offer of a provider
+
+
+def refusal(provider: str, reasons: list[str]) -> str:
+    """A plan's rejection of every offer of `provider` at once, in the shape of an offer's
+    ("<offer id>: <reasons>"): `<provider>/*: <reasons>`."""
+    return f"{provider}/{EVERY_OFFER}: {'; '.join(reasons)}"
+
+
 def port_ranges(ports: list[int]) -> list[tuple[int, int]]:
     """The ports as the fewest inclusive (first, last) ranges, ascending: firewalls count rules
     (an EC2 security group holds 60 by default), so 8000-8010 is one rule, not eleven."""
