@@ -2,7 +2,9 @@
 
 - describe_providers: enabled provider ids and their Capabilities (the wait bounds).
 - skipped_providers: configured clouds left out for lack of credentials, with the reason.
-- plan: one provider's offers, split into compatible and rejected (with reasons).
+- plan: one provider's offers, split into compatible and rejected (with reasons); none at all,
+  and one rejection for the whole provider, where the job asks what the provider declares
+  unsupported (an image, ports).
 - prepare: per-VM side resources (a job of several nodes prepares every node before creating).
 - launch: prepare then create in one activity (a single-node job); retire: delete, wait until
   gone, mark the row terminated, clean up the side resources, in one activity (every node's
@@ -47,6 +49,8 @@ from providers.base import (
     Offer,
     ResourceRequest,
     compatibility_reasons,
+    refusal,
+    unsupported_reasons,
 )
 from providers.errors import ErrorKind, ProviderError
 
@@ -157,6 +161,11 @@ class CloudActivities:
     @activity.defn(name="plan")
     async def plan(self, request: PlanInput) -> PlanResult:
         provider = self._provider(request.provider)
+        refused = unsupported_reasons(
+            request.provider, self._capabilities(request.provider), request.request
+        )
+        if refused:  # no offer of this cloud could serve: its (rate-limited) plan is not asked
+            return PlanResult(rejected=[refusal(request.provider, refused)])
         async with _beating():
             with scrubbed(provider):
                 offers = await provider.plan(request.request)

@@ -102,6 +102,9 @@ class StoreActivities:
         return await asyncio.to_thread(self._reserve_all_or_none, request)
 
     def _reserve_all_or_none(self, request: ReserveInput) -> list[ExistingWorker]:
+        if request.request.image is not None:
+            return []  # an existing worker runs what it booted: only a new machine boots it
+
         def eligible(worker: Any) -> bool:
             capabilities = WorkerCapabilities.model_validate(worker.capabilities)
             shape = capabilities.shape(worker.provider, worker.region)

@@ -71,6 +71,8 @@ from gpuprov.engine import open_records, open_records_patiently
 from gpuprov.models import (
     MAX_GPU_NAME_LENGTH,
     MAX_HOURLY_COST,
+    MAX_IMAGE_LENGTH,
+    MAX_PORTS,
     MAX_REGION_LENGTH,
     JobSpecError,
     JobState,
@@ -87,6 +89,7 @@ from gpuprov.render import (
     progress_line,
     status_text,
     unheld_text,
+    whole_provider_refusals,
 )
 from providers import PROVIDER_IDS
 from providers.base import ResourceRequest, Verdict
@@ -139,6 +142,11 @@ def _parser() -> argparse.ArgumentParser:
     offers.add_argument("--provider", action="append", dest="providers", choices=PROVIDER_IDS)
     offers.add_argument(
         "--region", action="append", dest="regions", type=bounded_text(MAX_REGION_LENGTH)
+    )
+    # A job's image and ports: clouds that cannot honour them are refused, and say so.
+    offers.add_argument("--image", type=bounded_text(MAX_IMAGE_LENGTH))
+    offers.add_argument(
+        "--port", action="append", dest="ports", type=bounded_int(1, 65535), default=[]
     )
     commands.add_parser("api", help="run the control-plane API until Ctrl-C")
     cluster_setup.add_parser(commands)
@@ -281,10 +289,14 @@ async def _offers(settings: Settings, args: argparse.Namespace) -> int:
         spot=args.spot,
         providers=args.providers,
         regions=args.regions,
+        image=args.image,
+        ports=args.ports[:MAX_PORTS],
     )
     query = OffersQuery(request=request, nodes=args.nodes, max_hourly_cost=args.max_hourly_cost)
     result = await (await _client(settings)).offers(query)
     print(offers_text(result.offers))
+    for refusal in whole_provider_refusals(result.rejected):
+        print(f"refused {refusal}")
     for error in result.errors:
         print(f"plan failed: {error}")
     for provider, reason in sorted(result.skipped.items()):

@@ -51,6 +51,8 @@ MAX_HOURLY_COST = 1_000_000.0  # USD per hour, whole job
 MAX_REGIONS = 64
 MAX_REGION_LENGTH = 64
 MAX_PROVIDERS = 16
+MAX_IMAGE_LENGTH = 512
+MAX_PORTS = 64
 
 
 class Resources(Model):
@@ -128,8 +130,11 @@ class JobSpec(Model):
     run: str | None = Field(default=None, min_length=1, max_length=MAX_SCRIPT_CHARS)
     setup: str | None = Field(default=None, min_length=1, max_length=MAX_SCRIPT_CHARS)
     env: dict[str, str] = Field(default_factory=dict, max_length=128)
-    image: str | None = Field(default=None, min_length=1, max_length=512)  # container image
-    ports: list[int] = Field(default_factory=list, max_length=64)  # opened where a firewall is
+    # The image every node boots, in its cloud's terms (an AMI, a GCE image, a container image:
+    # docs/clouds/<id>.md), and TCP ports opened to it; a cloud that cannot do either is
+    # refused at plan (Capabilities.unsupported).
+    image: str | None = Field(default=None, min_length=1, max_length=MAX_IMAGE_LENGTH)
+    ports: list[int] = Field(default_factory=list, max_length=MAX_PORTS)
     # Released when exceeded (counted from ready), whether the work still runs or not.
     max_runtime_seconds: int | None = Field(default=None, ge=1, le=MAX_RUNTIME_SECONDS)
     recovery: Recovery = Field(default_factory=Recovery)
@@ -174,6 +179,8 @@ class JobSpec(Model):
             spot=self.resources.spot,
             providers=self.placement.providers,
             regions=self.placement.regions,
+            image=self.image,
+            ports=self.ports,
         )
 
 

@@ -9,7 +9,7 @@ from gpuprov.costs import CostReport, MachineCost, Money, ProviderCost
 from gpuprov.db import OrphanRecord
 from gpuprov.models import HealthReport, JobStatus, WorkerCapabilities
 from gpuprov.owners import JobSituation, Standing, Unheld
-from providers.base import Offer, Severity
+from providers.base import EVERY_OFFER, Offer, Severity
 
 
 def price_text(offer: Offer) -> str:
@@ -104,6 +104,12 @@ def offers_text(offers: list[Offer]) -> str:
             f"{price_text(offer)}"
         )
     return "\n".join(rows)
+
+
+def whole_provider_refusals(rejected: list[str]) -> list[str]:
+    """The rejections that refuse every offer of a provider (`<provider>/*: <reasons>`): what a
+    job asks that the provider cannot do. Single offers' rejections are left out."""
+    return [line for line in rejected if line.partition(": ")[0].endswith(f"/{EVERY_OFFER}")]
 
 
 def orphans_text(orphans: list[OrphanRecord], *, include_resolved: bool = False) -> str:

@@ -7,19 +7,24 @@ Nothing above this module knows a cloud's name. The core calls these primitives 
 | --- | --- | --- |
 | plan | offers, cheapest first; what create needs goes in Offer.detail | create anything |
 | prepare | idempotent per (VM, location); returns private JSON (journaled) | create the instance |
-| create | one attempt; label everything `gpuprov-<vm>` | wait for running, or retry |
+| create | one attempt; label all `gpuprov-<vm>`; boot spec.image, open spec.ports | wait or retry |
 | observe | every non-terminated instance with the identity; Failed is reported | hide broken ones |
 | observe_region | optional: the same for every gpuprov VM of a region, one list call | be stale |
 | sweep_regions | optional: regions the reconciler lists even with no record there | call out |
 | delete | request deletion; unknown or gone ids are success | wait |
 | cleanup | delete per-VM side resources; idempotent | touch shared resources |
 | diagnose | read-only findings; default derived from observe | change anything |
+
+An image or ports a cloud cannot honour are declared in `Capabilities.unsupported` ("image",
+"ports"): the core then never offers that cloud to a job asking for them, so create never
+has to ignore one.
 """
 
 from __future__ import annotations
 
 import abc
 import math
+from collections.abc import Callable
 from datetime import datetime
 from enum import StrEnum
 from typing import Any
@@ -79,6 +84,10 @@ class ResourceRequest(Model):
     regions: list[str] | None = None  # allow-list
     denied_providers: list[str] = Field(default_factory=list)
     denied_regions: list[str] = Field(default_factory=list)
+    # What the machine boots and what it opens: only a cloud that can honour them is offered
+    # to a job that asks (Capabilities.unsupported, `unsupported_reasons`).
+    image: str | None = None
+    ports: list[int] = Field(default_factory=list)
 
 
 class Offer(Model):
@@ -129,7 +138,10 @@ class InstanceSpec(Model):
     job: str
     node_index: int
     attempt: int
+    # The image the machine boots, in the cloud's own terms (an AMI, a GCE image, a container
+    # image, ...; docs/clouds/<id>.md); None = the section's default.
     image: str | None = None
+    ports: list[int] = Field(default_factory=list)  # TCP ports to open to the machine
     ssh_public_key: str | None = None
     user_data: str | None = None
     labels: dict[str, str] = Field(default_factory=dict)
@@ -184,6 +196,9 @@ class Billing(Model):
 class Capabilities(Model):
     """What a provider cannot do, and how long its machines take (the core's wait bounds)."""
 
+    # Features of a job this cloud cannot honour. The core refuses the cloud's offers to a job
+    # that asks for one of ASKS' keys (`unsupported_reasons`); other entries ("spot",
+    # "user_data") are informative.
     unsupported: list[str] = Field(default_factory=list)
     # Booted instances run the node agent, which registers through the API; placement then
     # waits (within boot_timeout) for that registration and checks its capabilities.
@@ -201,6 +216,47 @@ class Capabilities(Model):
     # How running time is billed (per second, per minute with a minimum, ...): the actual cost
     # of a machine is its quote times its running time rounded up by these terms.
     billing: Billing = Field(default_factory=Billing)
+
+
+# What a job can ask that a cloud may be unable to do: the `Capabilities.unsupported` entry,
+# whether the request asks for it, and why the cloud's offers are then refused.
+ASKS: dict[str, tuple[Callable[[ResourceRequest], bool], str]] = {
+    "image": (lambda request: request.image is not None, "cannot run a container image"),
+    "ports": (lambda request: bool(request.ports), "cannot open ports"),
+}
+
+
+def unsupported_reasons(
+    provider: str, capabilities: Capabilities, request: ResourceRequest
+) -> list[str]:
+    """Why none of `provider`'s offers can serve `request`: what it asks that the provider
+    declares unsupported. Empty means the provider can honour every ask."""
+    return [
+        f"{provider} {reason}"
+        for feature, (asks, reason) in ASKS.items()
+        if feature in capabilities.unsupported and asks(request)
+    ]
+
+
+EVERY_OFFER = "*"  # the offer id's tail in a rejection of every offer of a provider
+
+
+def refusal(provider: str, reasons: list[str]) -> str:
+    """A plan's rejection of every offer of `provider` at once, in the shape of an offer's
+    ("<offer id>: <reasons>"): `<provider>/*: <reasons>`."""
+    return f"{provider}/{EVERY_OFFER}: {'; '.join(reasons)}"
+
+
+def port_ranges(ports: list[int]) -> list[tuple[int, int]]:
+    """The ports as the fewest inclusive (first, last) ranges, ascending: firewalls count rules
+    (an EC2 security group holds 60 by default), so 8000-8010 is one rule, not eleven."""
+    ranges: list[tuple[int, int]] = []
+    for port in sorted(set(ports)):
+        if ranges and port == ranges[-1][1] + 1:
+            ranges[-1] = (ranges[-1][0], port)
+        else:
+            ranges.append((port, port))
+    return ranges
 
 
 class Severity(StrEnum):

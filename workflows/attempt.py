@@ -99,6 +99,8 @@ class AttemptSaga:
             job=self.spec.name,
             node_index=node.node_index,
             attempt=self.attempt.number,
+            image=self.spec.image,
+            ports=self.spec.ports,
             labels={"gpuprov-job": self.spec.name},
         )
 

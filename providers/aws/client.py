@@ -1,4 +1,5 @@
 """The AWS API client: aiobotocore (signing, XML and JSON protocols), one client per region.
+EC2 does the work; SSM resolves a `resolve:ssm:` image and the Price List API prices offers.
 
 Every call goes through `Ec2Api.call`, which turns any failure into a classified ProviderError
 (providers/aws/errors.py). The SDK's own retries are off (`total_max_attempts = 1`): a
@@ -55,7 +56,8 @@ def check_chain(profile: str | None) -> None:
 
 
 class Ec2Api:
-    """Lazily opened aiobotocore clients (EC2 per region, Price List once), closed by aclose."""
+    """Lazily opened aiobotocore clients (EC2 and SSM per region, Price List once), closed by
+    aclose."""
 
     def __init__(
         self,
@@ -112,6 +114,15 @@ class Ec2Api:
             if not token:
                 return items
         raise ProviderError(ErrorKind.FAILED, f"{operation}: more than {MAX_PAGES} pages")
+
+    async def ssm_parameter(self, region: str, name: str) -> str:
+        """The value of one SSM parameter (GetParameter), e.g. an AMI id AWS publishes under
+        /aws/service/...; ParameterNotFound when the region has none of that name."""
+        answer = await self._call("ssm", region, "GetParameter", frozenset(), {"Name": name})
+        value = ((answer or {}).get("Parameter") or {}).get("Value")
+        if not isinstance(value, str) or not value:
+            raise ProviderError(ErrorKind.FAILED, f"GetParameter {name}: no value")
+        return value
 
     async def price_pages(self, **params: Any) -> list[Any]:
         """Every PriceList entry of one Price List GetProducts query (us-east-1 endpoint)."""

@@ -6,9 +6,10 @@ Primitive -> EC2 API calls (region = the offer's or location's region):
   memory, vCPUs, memory, architecture), cached for `cache_seconds`; one offer per (zone, type),
   plus a spot offer when `spot` is on. Prices for the offers the request can use: Price List
   GetProducts (on-demand, cached) and DescribeSpotPriceHistory (spot); None where unknown.
-- prepare: DescribeImages (image and root device), CreateSecurityGroup +
-  AuthorizeSecurityGroupIngress (tcp 22), ImportKeyPair when the spec brings a public key; every
-  `...Duplicate` is success (providers/aws/resources.py).
+- prepare: the spec's image (else the configured one): SSM GetParameter for a
+  `resolve:ssm:<parameter>`, then DescribeImages (AMI id, root device); CreateSecurityGroup +
+  AuthorizeSecurityGroupIngress (tcp 22, and the spec's ports), ImportKeyPair when the spec
+  brings a public key; every `...Duplicate` is success (providers/aws/resources.py).
 - create: one RunInstances, with ClientToken derived from the VM identity and attempt (a
   retry with the same parameters launches nothing new), tags gpuprov-vm=<vm> and
   Name=gpuprov-<vm> on the instance and its volumes, and user data that installs and starts

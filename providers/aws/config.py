@@ -60,8 +60,9 @@ class AwsConfig(ProviderSettings):
     )
     spot: bool = True  # also offer spot capacity (priced from DescribeSpotPriceHistory)
 
-    # The image: an AMI per region, else the newest AMI named `image_name` owned by
-    # `image_owner` for the instance type's architecture (DescribeImages, in prepare).
+    # The image: a job's `image` (an AMI id, `resolve:ssm:<parameter>` or an AMI name), else an
+    # AMI per region, else the newest AMI named `image_name`; names are looked up among the
+    # images of `image_owner` for the instance type's architecture (DescribeImages, in prepare).
     images: dict[str, str] = Field(default_factory=dict)
     image_name: str = DEFAULT_IMAGE_NAME
     image_owner: str = "amazon"
@@ -69,6 +70,8 @@ class AwsConfig(ProviderSettings):
 
     ssh_user: str = "ubuntu"  # depends on the image: ubuntu for Ubuntu AMIs, ec2-user for AL2023
     ssh_cidrs: list[str] = Field(default_factory=lambda: ["0.0.0.0/0"], min_length=1)
+    # Where a job's `ports` may be reached from (rules in the VM's own security group).
+    ports_cidrs: list[str] = Field(default_factory=lambda: ["0.0.0.0/0"], min_length=1)
     # A key pair you already have in every region, used when a job brings no public key.
     # gpuprov never deletes it (cleanup deletes only the per-VM key pairs it imported).
     key_name: str | None = None

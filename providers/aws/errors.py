@@ -1,4 +1,4 @@
-"""EC2 (and Price List) error codes -> ErrorKind: one table, read by code, never by HTTP status.
+"""EC2 (Price List, SSM) error codes -> ErrorKind: one table, read by code, never by HTTP status.
 
 AWS answers a stockout with HTTP 500 `InsufficientInstanceCapacity` (and SDKs retry it unless
 told not to), so a 5xx is Transient only when its code is unknown. Codes are from the EC2 API
@@ -94,6 +94,8 @@ CODES: dict[str, ErrorKind] = {
     "ValidationError": I,
     "InvalidParameterException": I,  # Price List API
     "InvalidAMIID.*": I,
+    "ParameterNotFound": I,  # SSM: a `resolve:ssm:` image names no parameter in the region
+    "ParameterVersionNotFound": I,
     "InvalidKeyPair.*": I,
     "InvalidBlockDeviceMapping": I,
     "InvalidUserData.Malformed": I,

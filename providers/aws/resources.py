@@ -2,12 +2,14 @@
 
 - security group `gpuprov-<vm>` in the region's default VPC, tagged `gpuprov-vm=<vm>`:
   CreateSecurityGroup (`InvalidGroup.Duplicate` = made before: found again with
-  DescribeSecurityGroups), AuthorizeSecurityGroupIngress tcp 22 (`InvalidPermission.Duplicate`
-  = success); removed with DeleteSecurityGroup (`InvalidGroup.NotFound` = gone).
+  DescribeSecurityGroups), AuthorizeSecurityGroupIngress tcp 22 from `ssh_cidrs`, and one more
+  for the spec's ports (as ranges) from `ports_cidrs` (`InvalidPermission.Duplicate` = success);
+  removed, rules and all, with DeleteSecurityGroup (`InvalidGroup.NotFound` = gone).
 - key pair `gpuprov-<vm>` from the spec's public key, tagged likewise: ImportKeyPair
   (`InvalidKeyPair.Duplicate` = success); removed with DescribeKeyPairs + DeleteKeyPair.
-- image: DescribeImages, for an AMI id (to learn its root device) or, by name and owner, the
-  newest available image for the instance type's architecture.
+- image: DescribeImages, for an AMI id (to learn its root device and architecture), one read
+  from SSM (GetParameter, for `resolve:ssm:<parameter>`), or, by name and owner, the newest
+  available image for the instance type's architecture.
 
 Only resources that carry both our name and our tag are ever deleted: the user's own key pairs,
 groups and VPCs are never touched.
@@ -20,7 +22,7 @@ from typing import Any
 from providers.aws import parse
 from providers.aws.client import Ec2Api
 from providers.aws.config import AwsConfig
-from providers.base import InstanceSpec
+from providers.base import InstanceSpec, port_ranges
 from providers.errors import ErrorKind, ProviderError
 
 GROUP_DUPLICATE = frozenset({"InvalidGroup.Duplicate"})
@@ -29,6 +31,8 @@ KEY_DUPLICATE = frozenset({"InvalidKeyPair.Duplicate"})
 GROUP_GONE = frozenset({"InvalidGroup.NotFound", "InvalidGroupId.NotFound"})
 KEY_GONE = frozenset({"InvalidKeyPair.NotFound"})
 DEFAULT_ROOT_DEVICE = "/dev/sda1"
+SSH_PORT = 22
+SSM_PREFIX = "resolve:ssm:"
 
 
 def identity_tags(spec_vm: str, extra: dict[str, str] | None = None) -> list[dict[str, str]]:
@@ -55,6 +59,24 @@ async def security_group(api: Ec2Api, config: AwsConfig, region: str, spec: Inst
             group_id = str(created["GroupId"])
     else:
         group_id = await _existing_group(api, region, spec)
+    await _authorize(api, region, group_id, [(22, 22)], config.ssh_cidrs, "gpuprov ssh")
+    # The job's ports, SSH's own rule aside (22 stays open to ssh_cidrs only). One call for
+    # all: EC2 adds all of its rules or none, so a Duplicate means an earlier try added them.
+    job_ports = [port for port in spec.ports if port != SSH_PORT]
+    if job_ports:
+        ranges = port_ranges(job_ports)
+        await _authorize(api, region, group_id, ranges, config.ports_cidrs, "gpuprov job port")
+    return group_id
+
+
+async def _authorize(
+    api: Ec2Api,
+    region: str,
+    group_id: str,
+    ranges: list[tuple[int, int]],
+    cidrs: list[str],
+    description: str,
+) -> None:
     await api.call(
         region,
         "AuthorizeSecurityGroupIngress",
@@ -63,15 +85,13 @@ async def security_group(api: Ec2Api, config: AwsConfig, region: str, spec: Inst
         IpPermissions=[
             {
                 "IpProtocol": "tcp",
-                "FromPort": 22,
-                "ToPort": 22,
-                "IpRanges": [
-                    {"CidrIp": cidr, "Description": "gpuprov ssh"} for cidr in config.ssh_cidrs
-                ],
+                "FromPort": first,
+                "ToPort": last,
+                "IpRanges": [{"CidrIp": cidr, "Description": description} for cidr in cidrs],
             }
+            for first, last in ranges
         ],
     )
-    return group_id
 
 
 async def _existing_group(api: Ec2Api, region: str, spec: InstanceSpec) -> str:
@@ -116,25 +136,65 @@ async def key_pair(api: Ec2Api, config: AwsConfig, region: str, spec: InstanceSp
 async def image(
     api: Ec2Api, config: AwsConfig, region: str, spec: InstanceSpec, architecture: str
 ) -> tuple[str, str]:
-    """(AMI id, root device name): the spec's AMI, else the region's configured AMI, else the
-    newest available image named `image_name` (or the spec's name pattern) by `image_owner`."""
-    explicit = spec.image if spec.image and spec.image.startswith("ami-") else None
-    explicit = explicit or config.images.get(region)
-    if explicit:
-        found = await api.must(region, "DescribeImages", ImageIds=[explicit])
-        candidates = found.get("Images") or []
+    """(AMI id, root device name) of what the VM boots: the spec's image, else the region's
+    configured AMI, else the newest available AMI named `image_name`. The spec's image is an
+    AMI id (`ami-...`), `resolve:ssm:<parameter>` (an AMI id held in SSM Parameter Store, as AWS
+    publishes its own under /aws/service/...: EC2's RunInstances syntax), or an AMI name (`*`
+    wildcards), the newest for the architecture among those owned by `image_owner`."""
+    asked = spec.image.strip() if spec.image and spec.image.strip() else None
+    name: str | None = None
+    if asked is None:
+        explicit = config.images.get(region)
+        name = None if explicit else config.image_name
+    elif asked.startswith(SSM_PREFIX):
+        explicit = await _ssm_image(api, region, asked)
+    elif asked.startswith("ami-"):
+        explicit = asked
     else:
-        name = spec.image or config.image_name
-        found = await api.must(
-            region,
-            "DescribeImages",
-            Owners=[config.image_owner],
-            Filters=[
-                {"Name": "name", "Values": [name]},
-                {"Name": "state", "Values": ["available"]},
-                {"Name": "architecture", "Values": [architecture]},
-            ],
+        explicit, name = None, asked
+    if name is not None:
+        return await _image_by_name(api, config, region, name, architecture)
+    assert explicit is not None
+    found = await api.must(region, "DescribeImages", ImageIds=[explicit])
+    with parse.reading("DescribeImages"):
+        candidates = found.get("Images") or []
+        if not candidates:
+            raise ProviderError(ErrorKind.INVALID_REQUEST, f"image {explicit} not in {region}")
+        chosen = candidates[0]
+        built_for = chosen.get("Architecture")
+        if built_for and built_for != architecture:
+            # Another instance type of the job's may fit it: this offer only.
+            raise ProviderError(
+                ErrorKind.UNAVAILABLE,
+                f"image {explicit} is built for {built_for}; this instance type is {architecture}",
+            )
+        return str(chosen["ImageId"]), str(chosen.get("RootDeviceName") or DEFAULT_ROOT_DEVICE)
+
+
+async def _ssm_image(api: Ec2Api, region: str, asked: str) -> str:
+    parameter = asked.removeprefix(SSM_PREFIX)
+    value = (await api.ssm_parameter(region, parameter)).strip()
+    if not value.startswith("ami-"):
+        raise ProviderError(
+            ErrorKind.INVALID_REQUEST, f"SSM parameter {parameter} holds no AMI id: {value[:64]!r}"
         )
+    return value
+
+
+async def _image_by_name(
+    api: Ec2Api, config: AwsConfig, region: str, name: str, architecture: str
+) -> tuple[str, str]:
+    found = await api.must(
+        region,
+        "DescribeImages",
+        Owners=[config.image_owner],
+        Filters=[
+            {"Name": "name", "Values": [name]},
+            {"Name": "state", "Values": ["available"]},
+            {"Name": "architecture", "Values": [architecture]},
+        ],
+    )
+    with parse.reading("DescribeImages"):
         candidates = found.get("Images") or []
         if not candidates:
             raise ProviderError(
@@ -142,9 +202,6 @@ async def image(
                 f"no available {architecture} image named {name!r} owned by "
                 f"{config.image_owner} in {region}",
             )
-    with parse.reading("DescribeImages"):
-        if not candidates:
-            raise ProviderError(ErrorKind.INVALID_REQUEST, f"image {explicit} not in {region}")
         newest = max(candidates, key=lambda i: str(i.get("CreationDate") or ""))
         return str(newest["ImageId"]), str(newest.get("RootDeviceName") or DEFAULT_ROOT_DEVICE)
 

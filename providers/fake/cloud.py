@@ -6,9 +6,12 @@ Primitive -> what happens in the ledger:
   unless the cloud was built with `shuffle_offers=<seed>`: then in a seeded, deterministic
   shuffle, as a real cloud's API answers in an order of its own (a test of the core's ranking
   that sees offers already in ranked order cannot fail).
-- prepare: records a per-VM firewall side resource (idempotent).
-- create: adds one instance row labelled with the VM; `boot_mode` comes from fault effects. With
-  the real agent it also keeps the instance's cloud-init user data (providers/userdata.py).
+- prepare: records a per-VM firewall side resource, and a second one for the spec's ports when
+  it names any (idempotent).
+- create: adds one instance row labelled with the VM, recording the spec's image and ports (for
+  tests to read); `boot_mode` comes from fault effects. With the real agent it also keeps the
+  instance's cloud-init user data (providers/userdata.py). What it cannot do is the section's
+  `unsupported` list (Capabilities.unsupported), so a test can make it refuse an image or ports.
 - observe: instances of the VM in the region that are not gone; Pending until boot_delay has
   passed, then Running with an SSH endpoint (Failed / forever Pending under fault effects);
   Stopping until delete_delay has passed after a delete; Failed ("preempted") once the ledger
@@ -90,7 +93,10 @@ class FakeCloud(CloudProvider):
 
     def capabilities(self) -> Capabilities:
         return capabilities_from(
-            self.config, node_agent=self.config.agent_mode != "none", billing=self.config.billing
+            self.config,
+            unsupported=self.config.unsupported,
+            node_agent=self.config.agent_mode != "none",
+            billing=self.config.billing,
         )
 
     async def aclose(self) -> None:
@@ -128,7 +134,11 @@ class FakeCloud(CloudProvider):
         self._instance_type(offer)  # an offer this cloud never made is InvalidRequest
         firewall = f"{spec.label}-fw"
         self.state.add_side_resource(spec.vm, offer.region, "firewall", firewall)
-        return {"firewall": firewall}
+        prepared: dict[str, Any] = {"firewall": firewall}
+        if spec.ports:  # a rule of its own, as clouds open a job's ports beside SSH
+            prepared["ports_rule"] = f"{spec.label}-ports"
+            self.state.add_side_resource(spec.vm, offer.region, "ports", prepared["ports_rule"])
+        return prepared
 
     async def create(self, offer: Offer, prepared: dict[str, Any], spec: InstanceSpec) -> list[str]:
         fault = await self._enter(
@@ -152,6 +162,8 @@ class FakeCloud(CloudProvider):
             join_token=spec.bootstrap.join_token if spec.bootstrap else None,
             user_data=user_data(spec, max_bytes=USER_DATA_LIMIT, cloud="fake") if real else None,
             fault_after=fault.delay_seconds if fault and effect in GPU_FAULTS else 0.0,
+            image=spec.image,
+            ports=spec.ports,
         )
         if fault is not None and fault.effect == "lost_response":
             raise ProviderError(fault.kind, fault.message)

@@ -119,6 +119,9 @@ class FakeProviderConfig(ProviderSettings):
     agent_root: str | None = None
     nvidia_smi_fixtures: str | None = None
     faults: list[FaultRule] = Field(default_factory=list)
+    # What this fake declares it cannot do (Capabilities.unsupported, e.g. ["image", "ports"]):
+    # the core then refuses its offers to a job asking for it, as it would a real cloud's.
+    unsupported: list[str] = Field(default_factory=list)
     # How its simulated machines are billed: exact seconds unless set (`[providers.fake.billing]
     # granularity_seconds = 60`, `minimum_seconds = 60`), so tests can exercise any cloud's terms.
     billing: Billing = Field(default_factory=Billing)

@@ -7,6 +7,7 @@ chaos harness) in another process can read: every instance ever created stays as
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import time
@@ -31,7 +32,9 @@ CREATE TABLE IF NOT EXISTS instances (
     agent_state TEXT NOT NULL DEFAULT 'pending',
     agent_pid INTEGER,
     user_data TEXT,
-    fault_after REAL NOT NULL DEFAULT 0
+    fault_after REAL NOT NULL DEFAULT 0,
+    image TEXT,
+    ports TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS instances_vm ON instances (vm, region);
 CREATE TABLE IF NOT EXISTS side_resources (
@@ -64,6 +67,8 @@ NEWER_COLUMNS = {
     "agent_pid": "INTEGER",
     "user_data": "TEXT",
     "fault_after": "REAL NOT NULL DEFAULT 0",
+    "image": "TEXT",
+    "ports": "TEXT NOT NULL DEFAULT '[]'",
 }
 
 
@@ -87,6 +92,8 @@ class InstanceRow:
     agent_state: str = "pending"
     user_data: str | None = None  # what cloud-init would get (the real-agent mode)
     fault_after: float = 0.0  # a GPU fault (gpu_lost, ...) shows this long after boot
+    image: str | None = None  # what create was asked to boot (the spec's image)
+    ports: tuple[int, ...] = ()  # what create was asked to open (the spec's ports)
 
 
 class FakeCloudState:
@@ -174,12 +181,15 @@ class FakeCloudState:
         join_token: str | None = None,
         user_data: str | None = None,
         fault_after: float = 0.0,
+        image: str | None = None,
+        ports: list[int] | None = None,
     ) -> str:
         with self._transaction() as db:
             cursor = db.execute(
                 "INSERT INTO instances (id, vm, region, zone, offer_id, instance_type, "
-                "boot_mode, created_at, api_url, join_token, user_data, fault_after) "
-                "VALUES ('', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "boot_mode, created_at, api_url, join_token, user_data, fault_after, image, "
+                "ports) "
+                "VALUES ('', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     vm,
                     region,
@@ -192,6 +202,8 @@ class FakeCloudState:
                     join_token,
                     user_data,
                     fault_after,
+                    image,
+                    json.dumps(ports or []),
                 ),
             )
             instance_id = f"fake-i-{cursor.lastrowid:06d}"
@@ -206,13 +218,17 @@ class FakeCloudState:
         scan of the table stays in SQLite, which uses no index with these optional filters)."""
         query = (
             "SELECT id, vm, region, zone, offer_id, instance_type, boot_mode, created_at, "
-            "deleted_at, api_url, join_token, agent_state, user_data, fault_after FROM instances "
+            "deleted_at, api_url, join_token, agent_state, user_data, fault_after, image, ports "
+            "FROM instances "
             "WHERE (? IS NULL OR vm = ?) AND (? IS NULL OR region = ?) "
             "AND (? IS NULL OR deleted_at IS NULL OR deleted_at > ?) "
             "ORDER BY seq"
         )
         args = (vm, vm, region, region, gone_by, gone_by)
-        return [InstanceRow(*row) for row in self._db.execute(query, args).fetchall()]
+        return [
+            InstanceRow(*row[:-1], ports=tuple(json.loads(row[-1])))
+            for row in self._db.execute(query, args).fetchall()
+        ]
 
     def claim_agent(self, instance_id: str, pid: int | None = None) -> bool:
         """Whether process `pid` (this one by default) is to run the instance's agent: a node

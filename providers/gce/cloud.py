@@ -5,17 +5,21 @@ Paths below are relative to `https://compute.googleapis.com/compute/v1/projects/
 - plan: `GET aggregated/machineTypes?filter=...` and `GET aggregated/acceleratorTypes?filter=...`
   (both paginated); prices from the Cloud Billing Catalog,
   `GET cloudbilling.googleapis.com/v1/services/6F81-5844-456A/skus` (cached; see pricing.py).
-- prepare: `POST global/firewalls?requestId=` (tcp:22 to the VM's network tag);
-  409 `alreadyExists` = done.
-- create: `POST zones/<z>/instances?requestId=`, then `POST zones/<z>/operations/<op>/wait`
-  until DONE, at most `operation_timeout` s: stockouts and quota arrive through the operation.
+- prepare: `POST global/firewalls?requestId=` (tcp:22 from `ssh_source_ranges` to the VM's
+  network tag), and a second rule `gpuprov-<vm>-ports` (the spec's ports, as ranges, from
+  `ports_source_ranges`) when the spec names any; 409 `alreadyExists` = done.
+- create: `POST zones/<z>/instances?requestId=` (instance_body.py: the boot disk from the spec's
+  image or image family, or `sourceMachineImage` for a machine image), then
+  `POST zones/<z>/operations/<op>/wait` until DONE, at most `operation_timeout` s: stockouts
+  and quota arrive through the operation.
   `alreadyExists` = adopt the instance an earlier attempt made.
 - observe: `GET zones/<z>/instances?filter=labels.gpuprov_vm = "<vm>"` (paginated).
 - observe_region: `GET aggregated/instances?filter=labels.gpuprov_vm:*` (paginated), keeping
   the region's zones; a zone of the region that is `unreachables` or warned UNREACHABLE makes
   the answer Transient.
 - delete: `DELETE zones/<z>/instances/<name>?requestId=` per id; 404 `notFound` = gone.
-- cleanup: `DELETE global/firewalls/gpuprov-<vm>-ssh?requestId=`; 404 = gone.
+- cleanup: `DELETE global/firewalls/gpuprov-<vm>-ssh?requestId=`, the same for
+  `gpuprov-<vm>-ports`; 404 = gone.
 - diagnose: observe, `GET zones/<z>/instances/<name>` (upcomingMaintenance) and
   `GET zones/<z>/operations?filter=targetLink = "..."` (preempted, hostError, ...).
 
@@ -42,6 +46,7 @@ from providers.base import (
     Observed,
     Offer,
     ResourceRequest,
+    port_ranges,
 )
 from providers.errors import ErrorKind, ProviderError
 from providers.gce import diagnosis
@@ -55,6 +60,7 @@ from providers.gce.identity import (
     instance_id,
     instance_name,
     network_tag,
+    ports_firewall_name,
     request_id,
     split_instance_id,
     vm_label_value,
@@ -81,6 +87,7 @@ BILLING = Billing(
     minimum_seconds=60,
     source="https://cloud.google.com/compute/vm-instance-pricing",
 )
+SSH_PORT = 22
 CHAIN = 3  # request ids tried per call when earlier ones ended in a retryable failure
 EVENTS_LISTED = 50
 
@@ -133,16 +140,41 @@ class GceCloud(CloudProvider):
 
     async def prepare(self, offer: Offer, spec: InstanceSpec) -> dict[str, Any]:
         _zone_and_type(offer)
-        name, tag = firewall_name(spec.vm), network_tag(spec.vm)
+        tag = network_tag(spec.vm)
+        ssh = await self._firewall(
+            firewall_name(spec.vm),
+            f"gpuprov: SSH to {spec.vm}",
+            ["22"],
+            [tag],
+            self.config.ssh_source_ranges,
+        )
+        prepared: dict[str, Any] = {"firewall": ssh, "network_tag": tag}
+        # The job's ports in a rule of their own (22 stays SSH's, open to ssh_source_ranges).
+        ranges = port_ranges([port for port in spec.ports if port != SSH_PORT])
+        if ranges:
+            prepared["ports_firewall"] = await self._firewall(
+                ports_firewall_name(spec.vm),
+                f"gpuprov: the job's ports on {spec.vm}",
+                [str(first) if first == last else f"{first}-{last}" for first, last in ranges],
+                [tag],
+                self.config.ports_source_ranges,
+            )
+        return prepared
+
+    async def _firewall(
+        self, name: str, description: str, ports: list[str], tags: list[str], sources: list[str]
+    ) -> str:
+        """An INGRESS rule allowing tcp `ports` from `sources` to the VMs tagged `tags`;
+        409 `alreadyExists` (an earlier prepare made it) is done."""
         body = {
             "name": name,
-            "description": f"gpuprov: SSH to {spec.vm}",
+            "description": description,
             "network": self.config.network,
             "direction": "INGRESS",
             "priority": 1000,
-            "allowed": [{"IPProtocol": "tcp", "ports": ["22"]}],
-            "sourceRanges": self.config.ssh_source_ranges,
-            "targetTags": [tag],
+            "allowed": [{"IPProtocol": "tcp", "ports": ports}],
+            "sourceRanges": sources,
+            "targetTags": tags,
         }
         action = f"create firewall {name}"
         try:
@@ -150,9 +182,9 @@ class GceCloud(CloudProvider):
         except GceApiError as error:
             if not error.exists:
                 raise
-            return {"firewall": name, "network_tag": tag}
+            return name
         _raise_unless_ok(operation, action, tolerate_exists=True)
-        return {"firewall": name, "network_tag": tag}
+        return name
 
     async def create(self, offer: Offer, prepared: dict[str, Any], spec: InstanceSpec) -> list[str]:
         zone, _ = _zone_and_type(offer)
@@ -209,15 +241,16 @@ class GceCloud(CloudProvider):
                     raise
 
     async def cleanup(self, location: Location, vm: str) -> None:
-        name = firewall_name(vm)
-        action = f"delete firewall {name}"
-        try:
-            path = f"global/firewalls/{name}"
-            operation = await self._mutate("DELETE", path, action, "global", name, None)
-            _raise_unless_ok(operation, action, tolerate_gone=True)
-        except GceApiError as error:
-            if not error.gone:
-                raise
+        """Both per-VM rules, whether prepare made the ports one or not: 404 is gone."""
+        for name in (firewall_name(vm), ports_firewall_name(vm)):
+            action = f"delete firewall {name}"
+            try:
+                path = f"global/firewalls/{name}"
+                operation = await self._mutate("DELETE", path, action, "global", name, None)
+                _raise_unless_ok(operation, action, tolerate_gone=True)
+            except GceApiError as error:
+                if not error.gone:
+                    raise
 
     async def diagnose(
         self, location: Location, vm: str, instance_id: str | None = None

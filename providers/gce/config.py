@@ -93,7 +93,8 @@ class GceConfig(ProviderSettings):
     spot: bool = False  # also offer each machine type as Spot (provisioningModel SPOT)
     spot_termination_action: Literal["DELETE", "STOP"] = "DELETE"
 
-    # What each VM gets.
+    # What each VM gets. The image, unless the job names one (docs/clouds/gce.md: an image, an
+    # image family or a machine image, as a URL or a path).
     image: str = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts"
     disk_size_gb: int = Field(default=200, ge=10, le=65_536)
     disk_type: str = Field(default="pd-balanced", pattern=NAME_PATTERN)
@@ -102,6 +103,8 @@ class GceConfig(ProviderSettings):
     external_ip: bool = True  # ONE_TO_ONE_NAT; False: SSH goes to the internal IP
     ssh_user: str = Field(default="gpuprov", pattern=r"^[a-z_][a-z0-9_-]{0,31}$")
     ssh_source_ranges: list[str] = Field(default_factory=lambda: ["0.0.0.0/0"], min_length=1)
+    # Where a job's `ports` may be reached from (the VM's own `gpuprov-<vm>-ports` rule).
+    ports_source_ranges: list[str] = Field(default_factory=lambda: ["0.0.0.0/0"], min_length=1)
     service_account_email: str | None = None  # attached to the VM (scope cloud-platform)
 
     # Credentials: a service-account key file, else Application Default Credentials.

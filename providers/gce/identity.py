@@ -64,6 +64,11 @@ def firewall_name(vm: str) -> str:
     return _fit(VM_LABEL_PREFIX, vm, "-ssh", _NAME_OK, r"[^a-z0-9-]")
 
 
+def ports_firewall_name(vm: str) -> str:
+    """The per-VM firewall rule for the job's ports: `gpuprov-<vm>-ports`, fitted."""
+    return _fit(VM_LABEL_PREFIX, vm, "-ports", _NAME_OK, r"[^a-z0-9-]")
+
+
 def request_id(project: str, zone: str, name: str, action: str, after: str | None = None) -> str:
     """A UUID fixed by what the call does, so a retry of the same call repeats it. `after`
     (the name of an operation that failed with this id) starts the next id in the chain: a

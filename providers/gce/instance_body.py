@@ -2,6 +2,9 @@
 
 - `machineType: zones/<z>/machineTypes/<type>`; N1 entries add `guestAccelerators`
   (A2/A3/G2 machine types include their GPUs and take none);
+- the boot disk from the spec's image (else the configured one): `disks[0].initializeParams.
+  sourceImage` for an image or image family, or `sourceMachineImage` (and no `disks`) for a
+  machine image;
 - `scheduling.onHostMaintenance: TERMINATE` (required for GPUs); Spot adds
   `provisioningModel: SPOT` and `instanceTerminationAction`;
 - identity: `labels` (`gpuprov_vm`, `gpuprov_job`, the spec's labels) on the instance and its
@@ -24,6 +27,7 @@ from providers.gce.identity import VM_METADATA_KEY, network_tag, user_labels
 from providers.userdata import user_data
 
 MAX_USER_DATA_BYTES = 256 * 1024  # Compute Engine's limit on one metadata value
+MACHINE_IMAGES = "/machineImages/"  # the path segment of a machine image's URL
 
 
 def instance_body(
@@ -38,22 +42,28 @@ def instance_body(
         "machineType": f"zones/{zone}/machineTypes/{offer.detail['machine_type']}",
         "labels": labels,
         "tags": {"items": [tag if isinstance(tag, str) and tag else network_tag(spec.vm)]},
-        "disks": [
+        "networkInterfaces": [_network_interface(config)],
+        "scheduling": _scheduling(config, bool(offer.detail.get("spot") or offer.spot)),
+        "metadata": {"items": _metadata(config, spec)},
+    }
+    image = boot_image(spec.image or config.image)
+    if MACHINE_IMAGES in image:
+        # A machine image brings its own disks (and whatever else it holds); the fields above
+        # override its properties, as instances.insert documents.
+        body["sourceMachineImage"] = image
+    else:
+        body["disks"] = [
             {
                 "boot": True,
                 "autoDelete": True,
                 "initializeParams": {
-                    "sourceImage": spec.image or config.image,
+                    "sourceImage": image,
                     "diskSizeGb": str(config.disk_size_gb),
                     "diskType": f"zones/{zone}/diskTypes/{config.disk_type}",
                     "labels": labels,
                 },
             }
-        ],
-        "networkInterfaces": [_network_interface(config)],
-        "scheduling": _scheduling(config, bool(offer.detail.get("spot") or offer.spot)),
-        "metadata": {"items": _metadata(config, spec)},
-    }
+        ]
     accelerator, count = offer.detail.get("accelerator_type"), offer.detail.get("accelerator_count")
     if isinstance(accelerator, str) and isinstance(count, int) and count > 0:
         body["guestAccelerators"] = [
@@ -65,6 +75,14 @@ def instance_body(
     if config.service_account_email:
         body["serviceAccounts"] = [{"email": config.service_account_email, "scopes": list(SCOPES)}]
     return body
+
+
+def boot_image(image: str) -> str:
+    """The image as instances.insert takes it: a URL or a path (`projects/<p>/global/images/
+    <name>`, `.../images/family/<family>`, `.../machineImages/<name>`, or `global/...` for the
+    project's own) as given; a bare name is an image of the project (`global/images/<name>`)."""
+    image = image.strip()
+    return image if "/" in image else f"global/images/{image}"
 
 
 def _network_interface(config: GceConfig) -> dict[str, Any]:

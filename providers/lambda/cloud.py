@@ -8,12 +8,14 @@ Primitive -> Lambda calls (base `https://cloud.lambda.ai/api/v1`, `Authorization
 - prepare: with `spec.ssh_public_key`: `GET /ssh-keys`, then `POST /ssh-keys {name, public_key}`
   registering the per-VM key `gpuprov-<vm>` unless it is already there (idempotent); without
   it, the configured `ssh_key_name` (no call). With an image asked for (spec or config):
-  `GET /images` to check it exists in the offer's region. No firewall work: Lambda opens SSH
-  (22) and ICMP by default.
+  `GET /images` to check it exists in the offer's region. With `spec.ports`: the VM's own
+  firewall ruleset `gpuprov-<vm>` in the offer's region (`GET`, then `POST /firewall-rulesets`;
+  providers/lambda/firewall.py). SSH (22) and ICMP stay as the account's global ruleset has
+  them (open by default).
 - create: `POST /instance-operations/launch` with `region_name`, `instance_type_name`, exactly
   one `ssh_key_names` entry, `name = gpuprov-<vm>`, `tags` (`gpuprov-vm = <vm>` plus the spec's
-  labels), the image, and `user_data` (providers/userdata.py: the spec's, and the node
-  bootstrap; never logged).
+  labels), the image, the VM's firewall ruleset (`firewall_rulesets: [{id}]`), and
+  `user_data` (providers/userdata.py: the spec's, and the node bootstrap; never logged).
   Launches are spaced `min_launch_interval` (12 s) apart. Launch is NOT idempotent: after an
   ambiguous answer the core's retried create observes by name/tag first and adopts.
 - observe: `GET /instances` (the whole account, one call, no pagination), filtered by the
@@ -22,8 +24,9 @@ Primitive -> Lambda calls (base `https://cloud.lambda.ai/api/v1`, `Authorization
 - sweep_regions: the configured `regions` (no call).
 - delete: `POST /instance-operations/terminate {instance_ids: [id]}`, ONE id per call, so one
   gone id (`global/object-does-not-exist` = success) cannot fail the others.
-- cleanup: `GET /ssh-keys`, then `DELETE /ssh-keys/{id}` for the key named `gpuprov-<vm>` only
-  (never the configured key or any other user key); a gone key is success.
+- cleanup: `GET /firewall-rulesets`, then `DELETE /firewall-rulesets/{id}` for the ruleset
+  named `gpuprov-<vm>`; `GET /ssh-keys`, then `DELETE /ssh-keys/{id}` for the key named
+  `gpuprov-<vm>` only (never the configured key or any other user key); gone is success.
 - diagnose: `GET /instances`; findings from Lambda's status (preempted, unhealthy, booting...).
 
 Errors: providers/lambda/errors.py (by Lambda's error `code`; see docs/clouds/lambda.md).
@@ -57,7 +60,7 @@ from providers.errors import ErrorKind, ProviderError
 from providers.settings import MissingCredentials, capabilities_from
 from providers.userdata import user_data
 
-from . import parse
+from . import firewall, parse
 from .client import LambdaClient
 from .config import LambdaConfig
 from .errors import Gone, Op
@@ -80,6 +83,7 @@ class Prepared(BaseModel):
     ssh_key_name: str
     per_vm_key: bool = False
     image: dict[str, str] | None = None
+    firewall_ruleset_id: str | None = None  # the VM's own ruleset, for the spec's ports
 
 
 class LambdaCloud(CloudProvider):
@@ -140,7 +144,13 @@ class LambdaCloud(CloudProvider):
                 "Lambda launches need exactly one SSH key: set [providers.lambda] ssh_key_name "
                 "to a key in the account, or give the VM an ssh_public_key",
             )
-        return Prepared(ssh_key_name=key_name, per_vm_key=per_vm, image=image).model_dump()
+        ruleset = None
+        if spec.ports:
+            sources = self.config.ports_source_networks
+            ruleset = await firewall.ensure(self._client, spec, offer.region, sources)
+        return Prepared(
+            ssh_key_name=key_name, per_vm_key=per_vm, image=image, firewall_ruleset_id=ruleset
+        ).model_dump()
 
     async def create(self, offer: Offer, prepared: dict[str, Any], spec: InstanceSpec) -> list[str]:
         _check_offer(offer)
@@ -159,6 +169,8 @@ class LambdaCloud(CloudProvider):
         }
         if ready.image:
             body["image"] = ready.image
+        if ready.firewall_ruleset_id:
+            body["firewall_rulesets"] = [{"id": ready.firewall_ruleset_id}]
         text = user_data(spec, max_bytes=MAX_USER_DATA, cloud="Lambda")
         if text is not None:
             body["user_data"] = text
@@ -202,7 +214,9 @@ class LambdaCloud(CloudProvider):
             raise first_failure
 
     async def cleanup(self, location: Location, vm: str) -> None:
-        """Delete the per-VM key `gpuprov-<vm>` if prepare registered one; nothing else."""
+        """Delete the per-VM firewall ruleset and key `gpuprov-<vm>` where prepare made them;
+        nothing else."""
+        await firewall.remove(self._client, vm)
         name = parse.instance_name(vm)
         if name == self.config.ssh_key_name:
             return  # the operator's own key, whatever it is called

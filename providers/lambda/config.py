@@ -1,5 +1,5 @@
-"""The `[providers.lambda]` section: Lambda Cloud credentials, regions, SSH key, image and
-timing hints.
+"""The `[providers.lambda]` section: Lambda Cloud credentials, regions, SSH key, image, who
+reaches a job's ports, and timing hints.
 
 ```toml
 [providers.lambda]
@@ -38,6 +38,11 @@ class LambdaConfig(ApiKeySettings):
     # else a family). Unset = Lambda's default image.
     image_family: str | None = None
     image_id: str | None = None
+    # Where a job's `ports` may be reached from: the source networks (CIDR) of the rules in
+    # the VM's own firewall ruleset. SSH is not among them (the account's global ruleset).
+    ports_source_networks: list[str] = Field(
+        default_factory=lambda: ["0.0.0.0/0"], min_length=1, max_length=16
+    )
     # Timing hints: an 8-GPU machine can take about 25 minutes to boot.
     boot_timeout: float = Field(default=1800.0, gt=0)
     delete_timeout: float = Field(default=900.0, gt=0)

@@ -31,6 +31,9 @@ class Op(StrEnum):
     ADD_KEY = "POST /ssh-keys"
     DELETE_KEY = "DELETE /ssh-keys/{id}"
     IMAGES = "GET /images"
+    LIST_RULESETS = "GET /firewall-rulesets"
+    ADD_RULESET = "POST /firewall-rulesets"
+    DELETE_RULESET = "DELETE /firewall-rulesets/{id}"
 
 
 # Every documented code (vendor OpenAPI 1.10.0, ApiError* schemas; reference/clouds.md §1).
@@ -60,12 +63,18 @@ OUR_PARAMETERS = {"global/invalid-parameters": ErrorKind.FAILED}
 OP_CODE_KINDS: dict[Op, dict[str, ErrorKind]] = {
     op: OUR_PARAMETERS for op in Op if op not in (Op.LAUNCH, Op.ADD_KEY)
 }
+# Cleanup deletes the VM's ruleset once its instance is gone; Lambda may still count it as in
+# use for a moment while the instance terminates: try again.
+OP_CODE_KINDS[Op.DELETE_RULESET] = {
+    **OUR_PARAMETERS,
+    "firewall-rulesets/firewall-ruleset-in-use": ErrorKind.TRANSIENT,
+}
 # Codes from upstream providers: outages, unavailability (Lambda's own example is
 # `provider/internal-unavailable`, "Try again shortly").
 PREFIX_KINDS: dict[str, ErrorKind] = {"provider/": ErrorKind.TRANSIENT}
 # On these calls a not-found code means the object is already gone.
 GONE_CODES = frozenset({"global/object-does-not-exist", "global/not-found"})
-GONE_OPS = frozenset({Op.GET_INSTANCE, Op.TERMINATE, Op.DELETE_KEY})
+GONE_OPS = frozenset({Op.GET_INSTANCE, Op.TERMINATE, Op.DELETE_KEY, Op.DELETE_RULESET})
 
 
 class Gone(ProviderError):

@@ -111,6 +111,12 @@ class Image(_Answer):
     region: Region | None = None
 
 
+class FirewallRuleset(_Answer):
+    id: str = Field(min_length=1, max_length=200)
+    name: str
+    region: Region | None = None
+
+
 class LaunchResult(_Answer):
     instance_ids: list[Annotated[str, Field(min_length=1, max_length=200)]] = Field(
         min_length=1, max_length=100
@@ -321,6 +327,28 @@ def ssh_keys(data: Any) -> list[SshKey]:
         except ValidationError:
             continue
     return keys
+
+
+def firewall_rulesets(data: Any) -> list[FirewallRuleset]:
+    """The account's firewall rulesets; entries without a readable id and name are skipped."""
+    if not isinstance(data, list):
+        raise malformed(Op.LIST_RULESETS, f"expected a list of rulesets, got {type(data).__name__}")
+    found = []
+    for raw in data:
+        try:
+            found.append(FirewallRuleset.model_validate(raw))
+        except ValidationError:
+            continue
+    return found
+
+
+def created_ruleset_id(data: Any) -> str:
+    try:
+        return FirewallRuleset.model_validate(data).id
+    except ValidationError as error:
+        raise malformed(
+            Op.ADD_RULESET, f"no ruleset id: {error.error_count()} problem(s)"
+        ) from None
 
 
 def images(data: Any) -> list[Image]:

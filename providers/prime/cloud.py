@@ -4,11 +4,12 @@ Primitive -> API calls (paths exactly as in the vendor OpenAPI document; base
 `https://api.primeintellect.ai`, `Authorization: Bearer <key>`):
 - plan: `GET /api/v1/availability/gpus?page=N&page_size=100[&regions=..][&gpu_type=..]
   [&security=..]`, every page until `totalCount`; one Offer per item that is in stock, not
-  prepaid, offers the configured image and has a `gpuCount` above 0 (create's PodRequestConfig
-  takes no other; an item with 0 is rejected here, with a logged reason). Price: the item's own
-  `prices` (per pod-hour; see parse.py), else None. `Offer.detail` keeps what create needs:
-  cloudId, gpuType, socket, gpuCount, upstream provider type, data centre, country, security,
-  sizes.
+  prepaid, offers the job's image (one of Prime's environments; any other image is Unavailable
+  for the provider), else the configured one, and has a `gpuCount` above 0 (create's
+  PodRequestConfig takes no other; an item with 0 is rejected here, with a logged reason).
+  Price: the item's own `prices` (per pod-hour; see parse.py), else None. `Offer.detail` keeps
+  what create needs: cloudId, gpuType, socket, gpuCount, upstream provider type, data centre,
+  country, security, sizes.
 - prepare: with `spec.ssh_public_key`, `GET /api/v1/ssh_keys/` (paginated) and, unless that key
   is already registered, `POST /api/v1/ssh_keys/ {name: gpuprov-key-<hash>, publicKey}`.
   Returns the image and the key id. Nothing else to prepare: Prime has no firewall or image
@@ -29,6 +30,8 @@ Primitive -> API calls (paths exactly as in the vendor OpenAPI document; base
   a user's own key, so no VM may delete it; Prime has no other per-VM side resource.
 - diagnose: the contract's default, from observe.
 
+Prime cannot open ports (no field in a pod request, no firewall API): Capabilities.unsupported
+says so, and the core never offers Prime to a job that asks for ports.
 Prime cannot run user data or a boot script, so `spec.user_data` is refused (Unavailable for
 the whole provider) and `spec.bootstrap` is not delivered by create: the node agent reaches the
 pod over SSH (`ssh_bootstrap`, always on), started by the core with a fresh token on its stdin
@@ -69,6 +72,7 @@ from providers.prime.client import (
 from providers.prime.config import PrimeConfig
 from providers.prime.errors import malformed
 from providers.prime.parse import (
+    ENVIRONMENTS,
     GPU_TYPES,
     PROVIDER_ID,
     AvailabilityPage,
@@ -112,8 +116,9 @@ class PrimeCloud(CloudProvider):
 
     def capabilities(self) -> Capabilities:
         # node_agent: started over SSH by the core (the section's ssh_bootstrap is always on).
+        # ports: a pod request has no field for them, and Prime no firewall API.
         return capabilities_from(
-            self.config, unsupported=["user_data"], node_agent=True, billing=BILLING
+            self.config, unsupported=["user_data", "ports"], node_agent=True, billing=BILLING
         )
 
     async def aclose(self) -> None:
@@ -125,6 +130,7 @@ class PrimeCloud(CloudProvider):
     # ------------------------------------------------------------------ plan
 
     async def plan(self, request: ResourceRequest) -> list[Offer]:
+        image = _environment(request.image) if request.image else self.config.image
         now = datetime.now(UTC)
         offers: dict[str, Offer] = {}
         skipped = 0
@@ -138,7 +144,7 @@ class PrimeCloud(CloudProvider):
             if item.gpuCount <= 0:
                 gpuless.append(item.cloudId)
                 continue
-            if not self._wanted(item):
+            if not self._wanted(item, image):
                 continue
             offer = to_offer(item, self.config.disk_gb, now)
             known = offers.get(offer.id)
@@ -180,8 +186,9 @@ class PrimeCloud(CloudProvider):
             "prime: availability has more than %d pages; planned from those", self.config.max_pages
         )
 
-    def _wanted(self, item: GpuOffer) -> bool:
-        """The item can be rented now, as configured: in stock, not prepaid, allowed, imaged."""
+    def _wanted(self, item: GpuOffer, image: str) -> bool:
+        """The item can be rented now, as configured: in stock, not prepaid, allowed, and it
+        offers `image` (where it lists images at all)."""
         config = self.config
         if item.stockStatus == "Unavailable" or (item.prepaidTime or 0) > 0:
             return False
@@ -193,7 +200,7 @@ class PrimeCloud(CloudProvider):
             return False
         if config.security is not None and item.security != config.security:
             return False
-        return not item.images or config.image in item.images
+        return not item.images or image in item.images
 
     # ------------------------------------------------------------------ prepare / create
 
@@ -391,6 +398,20 @@ def _detail(offer: Offer) -> dict[str, Any]:
             ErrorKind.INVALID_REQUEST, f"offer {offer.id} was not made by the prime adapter"
         )
     return detail
+
+
+def _environment(image: str) -> str:
+    """The job's image as a pod's `image`: one of Prime's environments (EnvironmentTypeEnum),
+    never a container image reference. Anything else is Unavailable for the whole provider,
+    at plan, so the job's status and `gpuprov offers` say why before anything is made."""
+    if image in ENVIRONMENTS:
+        return image
+    raise ProviderError(
+        ErrorKind.UNAVAILABLE,
+        f"Prime Intellect pods run one of its environments ({', '.join(ENVIRONMENTS)}), "
+        f"not the image {image!r}",
+        block_scope=BlockScope.PROVIDER,
+    )
 
 
 def _gpu_type_filter(gpu: str | None) -> str | None:

@@ -49,8 +49,9 @@ class PrimeConfig(ApiKeySettings):
     countries: list[str] | None = None
     upstream_providers: list[str] | None = None  # e.g. ["hyperstack", "dc_roan"]
     security: PrimeSecurity | None = None
-    # Pod shape: an `EnvironmentTypeEnum` image, and an optional disk size; without it each
-    # offer's default disk is used. vCPUs and memory are always the offer's defaults.
+    # Pod shape: an `EnvironmentTypeEnum` image (a job's `image`, one of the same, wins), and
+    # an optional disk size; without it each offer's default disk is used. vCPUs and memory are
+    # always the offer's defaults.
     image: str = DEFAULT_IMAGE
     disk_gb: int | None = Field(default=None, gt=0)
     # Timing hints: pods are PROVISIONING, then ACTIVE while their image installs.

@@ -52,6 +52,17 @@ GPU_TYPES: tuple[str, ...] = (
 )  # fmt: skip
 
 
+# The vendor document's `EnvironmentTypeEnum`: what a pod's `image` may be. `custom_template`
+# is left out: it needs a `customTemplateId` this adapter does not send.
+ENVIRONMENTS: tuple[str, ...] = (
+    "ubuntu_22_cuda_12", "cuda_12_1_pytorch_2_2", "cuda_11_8_pytorch_2_1",
+    "cuda_12_1_pytorch_2_3", "cuda_12_1_pytorch_2_4", "cuda_12_4_pytorch_2_4",
+    "cuda_12_4_pytorch_2_5", "cuda_12_4_pytorch_2_6", "cuda_12_6_pytorch_2_7",
+    "stable_diffusion", "axolotl", "bittensor", "hivemind", "petals_llama", "vllm_llama_8b",
+    "vllm_llama_70b", "vllm_llama_405b", "flux", "prime_rl",
+)  # fmt: skip
+
+
 class _Api(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 

@@ -6,10 +6,12 @@ Primitive -> RunPod calls (base `https://api.runpod.io`, `Authorization: Bearer 
   cloud type) whose catalog availability is not NONE; data centres come from the entry's
   `dataCenters`. Price = the catalog's per-GPU price x N (PriceQuote source says so).
 - prepare: no call. Checks the offer and resolves the image; RunPod has no per-VM side
-  resources (no firewall, and the account's SSH keys are never written).
+  resources (a pod's ports are published by create, not by a firewall, and the account's SSH
+  keys are never written).
 - create: `GET /v2/account/ssh-keys` (read-only, only with a per-VM key and
-  `include_account_ssh_keys`), then `POST /v2/pods` with `name = gpuprov-<vm>`, env marker
-  `GPUPROV_VM=<vm>`, the per-VM public key in env `PUBLIC_KEY`, `startSsh`, `ports ["22/tcp"]`,
+  `include_account_ssh_keys`), then `POST /v2/pods` with `name = gpuprov-<vm>`, the spec's
+  container image (else the configured one), env marker `GPUPROV_VM=<vm>`, the per-VM public
+  key in env `PUBLIC_KEY`, `startSsh`, `ports ["22/tcp", "<port>/tcp" for the spec's ports]`,
   the offer's GPU, cloud type and data centre. 201 -> the pod id. RunPod has no labels and no
   idempotency key: a retried create is made safe by the core's observe-and-adopt.
 - observe: `GET /v2/pods` (account-wide, not paginated), filtered client-side by the name
@@ -177,7 +179,12 @@ class RunPodCloud(CloudProvider):
             "cloud": detail["cloud"],
             "dataCenterIds": [detail["data_center"]],
             "disk": detail["disk_gb"],
-            "ports": ["22/tcp"],  # ssh.direct exists only with a published 22/tcp
+            # ssh.direct exists only with a published 22/tcp; the job's ports beside it, each
+            # mapped by RunPod to a public port of its choosing (the pod's runtime.ports).
+            "ports": [
+                "22/tcp",
+                *(f"{port}/tcp" for port in dict.fromkeys(spec.ports) if port != 22),
+            ],
             "env": env,
             "startSsh": True,
         }

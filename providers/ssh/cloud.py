@@ -6,7 +6,11 @@ only call made to a machine. Primitive -> what happens:
 
 - plan: one offer per host that nobody holds (`ssh/<region>/<name>`), cheapest first; the price
   is the configured one (source "config"), none when unset. No network call.
-- prepare: nothing to make; an offer naming a host no longer configured is Unavailable.
+- prepare: nothing to make; an offer naming a host no longer configured is Unavailable. A
+  job's `ports` need no opening here: the machines are yours, reachable as your own network
+  and firewall allow (gpuprov changes neither). A job's `image` cannot be honoured (the
+  machine runs what it has): Capabilities.unsupported says so, and the core never offers
+  these hosts to a job naming one.
 - create: claim the host for the VM (one INSERT; the first wins). Held by another VM: Capacity
   (the offer is blocked for a while and the job moves on). Held by this VM already: the same
   claim again (a retry). Returns `[<host name>]`; the VM identity is the claim's `vm`.
@@ -90,7 +94,10 @@ class SshMachines(CloudProvider):
 
     def capabilities(self) -> Capabilities:
         # node_agent: the core sets it, with ssh_bootstrap, when it runs activities/bootstrap.py.
-        return capabilities_from(self.config, unsupported=["spot", "user_data"], billing=BILLING)
+        # image: a machine you own runs the system it has; nothing here can boot another.
+        return capabilities_from(
+            self.config, unsupported=["spot", "user_data", "image"], billing=BILLING
+        )
 
     async def aclose(self) -> None:
         self._claims.close()

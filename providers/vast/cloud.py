@@ -2,24 +2,25 @@
 
 Primitive -> Vast API call (base https://console.vast.ai, `Authorization: Bearer <key>`):
 - plan: POST /api/v0/bundles/ — one search for rentable, on-demand listings that fit one node
-  (GPU model and count, disk, vCPUs, verified, reliability, direct SSH port, countries), cheapest
-  `dph_total` first. One Offer per listing, id `vast/<ask id>`, price `dph_total` (source
-  "vast: POST /api/v0/bundles/ dph_total"); `Offer.detail` holds the ask id, disk, image and
-  SSH mode create needs, and `ask_ids`: the listing plus every equivalent one (same GPU model,
-  count and country) at no higher price, since a listing is one host's bundle and is rented
-  once; node k of a job rents the k-th. Spot (interruptible bids) is not offered.
+  (GPU model and count, disk, vCPUs, verified, reliability, direct ports for SSH and the job's
+  ports, countries), cheapest `dph_total` first. One Offer per listing, id `vast/<ask id>`,
+  price `dph_total` (source "vast: POST /api/v0/bundles/ dph_total"); `Offer.detail` holds the
+  ask id, disk, image and SSH mode create needs, and `ask_ids`: the listing plus every
+  equivalent one (same GPU model, count and country) at no higher price, since a listing is one
+  host's bundle and is rented once; node k of a job rents the k-th. Spot (interruptible bids) is
+  not offered.
 - prepare: no call. Vast has no per-VM side resources to make; it checks what Vast cannot carry
   (a #cloud-config user_data, an onstart script over 4,096 characters, a node beyond the
   offer's `ask_ids`) before anything exists.
-- create: PUT /api/v0/asks/{ask id}/ with `label = gpuprov-<vm>`, image, disk, runtype
-  ssh_direct (or ssh_proxy), `cancel_unavail`, the SSH key and user data as `onstart` ->
-  `new_contract` (the instance id). The join token is never sent (env and onstart are
-  readable through the API): the core starts the node agent over SSH (`ssh_bootstrap`).
-  Vast has no idempotency key: a retried create is made safe by the core observing the label
-  first and adopting what it finds. An answer with `success: false` beside a `new_contract`
-  made an instance anyway: it is destroyed (DELETE /api/v0/instances/{id}/) and the call fails
-  as Failed; should that destroy fail too, the core's teardown still finds the instance by its
-  label.
+- create: PUT /api/v0/asks/{ask id}/ with `label = gpuprov-<vm>`, the spec's image (else the
+  section's), disk, runtype ssh_direct (or ssh_proxy), `cancel_unavail`, the SSH key and user
+  data as `onstart`, the spec's ports as Docker `-p` flags in `env` -> `new_contract` (the
+  instance id). The join token is never sent (env and onstart are readable through the API): the
+  core starts the node agent over SSH (`ssh_bootstrap`). Vast has no idempotency key: a retried
+  create is made safe by the core observing the label first and adopting what it finds. An
+  answer with `success: false` beside a `new_contract` made an instance anyway: it is destroyed
+  (DELETE /api/v0/instances/{id}/) and the call fails as Failed; should that destroy fail too,
+  the core's teardown still finds the instance by its label.
 - observe: GET /api/v1/instances/?select_filters={"label":{"eq":"gpuprov-<vm>"}}, every page.
 - observe_region: GET /api/v1/instances/ (every page), keeping labels that start `gpuprov-`.
   Ids and labels are account-wide on Vast, so both look at the whole account whatever region

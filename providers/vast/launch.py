@@ -13,6 +13,9 @@ cloud-init:
 - `spec.user_data`: a shell script (a `#cloud-config` document cannot run here), written to
   /root/gpuprov-user-data by the `onstart` script (base64, so no quoting can break it) and
   started in the background with its output in /var/log/gpuprov-user-data.log.
+- `spec.image`: the container image (`image`), else the section's.
+- `spec.ports`: published with Docker's `-p <port>:<port>` in `env` (the create call's
+  documented form); the search asks for hosts with that many direct ports more.
 - `spec.bootstrap`: not sent. `env` and `onstart` come back from the instance listing to
   anyone who can read the account, so the join token goes in neither: the core starts the
   node agent over SSH with a fresh token on its stdin (activities/bootstrap.py).
@@ -30,6 +33,7 @@ from providers.errors import BlockScope, ErrorKind, ProviderError
 from providers.vast.config import VastConfig, normalise_gpu
 from providers.vast.parse import number
 
+SSH_PORT = 22
 MAX_ONSTART_CHARS = 4096
 MAX_LABEL_CHARS = 256
 MAX_ASKS_PER_OFFER = 16  # nodes one offer can place on distinct listings
@@ -88,8 +92,11 @@ def search_body(
         body["datacenter"] = {"eq": True}
     if config.min_reliability is not None:
         body["reliability"] = {"gte": config.min_reliability}
-    if config.ssh == "direct":
-        body["direct_port_count"] = {"gte": 1}
+    # A host publishes a container port on one of its direct ports: SSH (direct mode) takes
+    # one, and each of the job's ports another.
+    direct_ports = (1 if config.ssh == "direct" else 0) + len(job_ports(request.ports))
+    if direct_ports:
+        body["direct_port_count"] = {"gte": direct_ports}
     if request.gpus_per_node > 0:
         body["num_gpus"] = {"eq": request.gpus_per_node}
     if request.gpu is not None:
@@ -158,7 +165,16 @@ def create_body(config: VastConfig, offer: Offer, spec: InstanceSpec) -> dict[st
     }
     if (onstart := onstart_script(spec)) is not None:
         body["onstart"] = onstart
+    if ports := job_ports(spec.ports):
+        # Docker's -p flags in `env`, as create_instance.yaml documents: Vast maps each to a
+        # public port of the host (the instance's `ports` say which).
+        body["env"] = " ".join(f"-p {port}:{port}" for port in ports)
     return body
+
+
+def job_ports(ports: list[int]) -> list[int]:
+    """The job's ports to publish, once each; 22 is SSH's, which the runtype publishes."""
+    return [port for port in dict.fromkeys(ports) if port != SSH_PORT]
 
 
 def _detail_text(offer: Offer, key: str) -> str | None:

@@ -44,6 +44,7 @@ from gpuprov.db import JoinToken, WorkerRecord
 from gpuprov.engine import open_records
 from gpuprov.records import Records
 from gpuprov.ssh_records import SshRecords
+from providers import node_agent
 from providers.base import SshEndpoint
 from tests.helpers import decoded_history, eventually
 from tests.sshd import (
@@ -237,7 +238,7 @@ async def test_agent_registers_over_openssh_with_the_token_only_on_its_stdin(
     assert all(token.encode() not in content for content in node_files.values())
     assert not [name for name in node_files if "history" in name]
     agent = sshd.home / REMOTE_ROOT / VM / "agent.py"
-    assert agent.read_bytes() == Path("gpuprov/agent.py").read_bytes()
+    assert agent.read_bytes() == node_agent.agent_source()  # the agent, its prose blanked
     assert stat.S_IMODE(agent.stat().st_mode) == 0o600
     assert stat.S_IMODE(agent.parent.stat().st_mode) == 0o700
 

@@ -103,6 +103,30 @@ async def test_cli_submit_wait_status_list_offers_release(client, task_queue, jo
         assert code == 0 and '"state": "completed"' in out
 
 
+async def test_offers_say_which_clouds_cannot_open_a_jobs_ports(client, task_queue):
+    address = client.service_client.config.target_host
+    env = {"GPUPROV_TEMPORAL__TASK_QUEUE": task_queue, "GPUPROV_TEMPORAL__ADDRESS": address}
+    asked = ("offers", "--gpu", "H100", "--gpus-per-node", "8", "--image", "registry.example/x:1")
+    async with fake_worker(client, task_queue, fast_cloud(unsupported=["ports"])):
+        code, out, err = await gpuprov(*asked, "--port", "8080", "--port", "6006", env=env)
+        assert code == 0, err
+        assert out.splitlines() == [
+            "no compatible offers",
+            "refused fake/*: fake cannot open ports",
+        ]
+        code, out, _ = await gpuprov(*asked, env=env)  # an image it can run: offered
+        assert code == 0 and "fake/r1-a/gpu8" in out and "refused" not in out
+
+
+@pytest.mark.parametrize(
+    ("args", "expected"),
+    [(("--port", "0"), "must be 1-65535"), (("--image", " "), "must not be empty")],
+)
+async def test_offers_refuses_a_bad_port_or_image_before_any_call(args, expected):
+    code, _, err = await gpuprov("--address", "127.0.0.1:1", "offers", *args)
+    assert code == 2 and expected in err and "Traceback" not in err
+
+
 async def test_status_of_unknown_job_is_a_clear_error(client, task_queue):
     env = {"GPUPROV_TEMPORAL__ADDRESS": client.service_client.config.target_host}
     code, _, err = await gpuprov("status", "no-such-job", env=env)

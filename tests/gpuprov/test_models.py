@@ -298,7 +298,7 @@ def test_non_utf8_file_is_a_job_spec_error(tmp_path: Path) -> None:
 # ---------------------------------------------------------------- resource_request
 
 
-def test_resource_request_carries_resources_and_placement() -> None:
+def test_resource_request_carries_resources_placement_image_and_ports() -> None:
     request = parse_job_spec(FULL_SPEC).resource_request()
     assert request == ResourceRequest(
         gpu="H100",
@@ -309,6 +309,8 @@ def test_resource_request_carries_resources_and_placement() -> None:
         spot=False,
         providers=["fake"],
         regions=["us-east-1"],
+        image="nvcr.io/nvidia/pytorch:24.05-py3",
+        ports=[8888],
     )
     assert request.denied_providers == [] and request.denied_regions == []
 
@@ -317,6 +319,7 @@ def test_resource_request_of_minimal_spec_has_no_allow_lists() -> None:
     request = parse_job_spec({"name": "a", "resources": {"spot": True}}).resource_request()
     assert request.providers is None and request.regions is None
     assert request.gpu is None and request.gpus_per_node == 1 and request.spot is True
+    assert request.image is None and request.ports == []
 
 
 # ---------------------------------------------------------------- JobState, Block

@@ -1,5 +1,6 @@
-"""The provider contract's pure parts: compatibility_reasons, Diagnosis.verdict, and the default
-CloudProvider.diagnose derived from observe (exercised through the fake cloud)."""
+"""The provider contract's pure parts: compatibility_reasons, unsupported_reasons, port_ranges,
+Diagnosis.verdict, and the default CloudProvider.diagnose derived from observe (exercised
+through the fake cloud)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 import pytest
 
 from providers.base import (
+    Capabilities,
     Diagnosis,
     Finding,
     InstanceSpec,
@@ -19,7 +21,9 @@ from providers.base import (
     Severity,
     Verdict,
     compatibility_reasons,
+    port_ranges,
     price_quote,
+    unsupported_reasons,
     vm_label,
 )
 from providers.fake import FakeCloud
@@ -371,3 +375,38 @@ def test_a_price_that_is_absent_zero_negative_or_not_a_number_is_no_quote(amount
 def test_a_positive_price_is_quoted_as_stated():
     quote = price_quote(2.5, currency="EUR", source="GET /x", observed_at=datetime.now(UTC))
     assert quote is not None and (quote.amount, quote.currency, quote.unit) == (2.5, "EUR", "hour")
+
+
+@pytest.mark.parametrize(
+    ("unsupported", "asks", "reasons"),
+    [
+        ([], {"image": "x", "ports": [80]}, []),
+        (["image"], {}, []),  # declared, but not asked
+        (["image", "spot"], {"image": "x", "spot": True}, ["ssh cannot run a container image"]),
+        (["ports"], {"ports": [80]}, ["ssh cannot open ports"]),
+        (["ports"], {"ports": []}, []),
+        (
+            ["ports", "image"],
+            {"image": "x", "ports": [80]},
+            ["ssh cannot run a container image", "ssh cannot open ports"],
+        ),
+    ],
+)
+def test_unsupported_reasons_name_what_the_job_asks_that_the_cloud_cannot_do(
+    unsupported, asks, reasons
+) -> None:
+    hints = Capabilities(unsupported=unsupported)
+    assert unsupported_reasons("ssh", hints, ResourceRequest(**asks)) == reasons
+
+
+@pytest.mark.parametrize(
+    ("ports", "ranges"),
+    [
+        ([], []),
+        ([8080], [(8080, 8080)]),
+        ([8002, 8000, 8001, 8001, 9000], [(8000, 8002), (9000, 9000)]),
+        ([1, 3, 5], [(1, 1), (3, 3), (5, 5)]),
+    ],
+)
+def test_port_ranges_are_the_fewest_ascending_runs(ports, ranges) -> None:
+    assert port_ranges(ports) == ranges

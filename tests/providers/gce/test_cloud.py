@@ -385,13 +385,106 @@ async def test_prepare_errors_are_classified(api, cloud):
     assert caught.value.kind is ErrorKind.QUOTA
 
 
-async def test_cleanup_deletes_only_this_vms_rule_and_gone_is_success(api, cloud):
-    route = api.delete(f"{P}/global/firewalls/{NAME}-ssh").mock(
+async def test_cleanup_deletes_only_this_vms_rules_and_gone_is_success(api, cloud):
+    ssh = api.delete(f"{P}/global/firewalls/{NAME}-ssh").mock(
         side_effect=sequence(ok(bodies.operation("PENDING")), err(404, bodies.NOT_FOUND_INSTANCE))
+    )
+    ports = api.delete(f"{P}/global/firewalls/{NAME}-ports").mock(
+        side_effect=sequence(ok(bodies.operation("DONE")), err(404, bodies.NOT_FOUND_INSTANCE))
     )
     await cloud.cleanup(HERE, VM)
     await cloud.cleanup(HERE, VM)
-    assert route.call_count == 2
+    assert ssh.call_count == 2 and ports.call_count == 2
+
+
+async def test_cleanup_without_a_ports_rule_finds_it_gone(api, cloud):
+    api.delete(f"{P}/global/firewalls/{NAME}-ssh").mock(return_value=ok(bodies.operation("DONE")))
+    api.delete(f"{P}/global/firewalls/{NAME}-ports").mock(
+        return_value=err(404, bodies.NOT_FOUND_INSTANCE)
+    )
+    await cloud.cleanup(HERE, VM)  # the job asked for no ports: nothing to remove, no error
+
+
+async def test_prepare_opens_the_jobs_ports_in_a_rule_of_their_own(api, cloud):
+    route = api.post(url__startswith=f"{P}/global/firewalls").mock(
+        return_value=ok(bodies.operation("DONE"))
+    )
+    prepared = await cloud.prepare(offer(), spec(ports=[6007, 8888, 6006, 22]))
+    assert prepared == {
+        "firewall": f"{NAME}-ssh",
+        "network_tag": NAME,
+        "ports_firewall": f"{NAME}-ports",
+    }
+    ssh, ports = (json.loads(call.request.content) for call in route.calls)
+    assert ssh["allowed"] == [{"IPProtocol": "tcp", "ports": ["22"]}]
+    assert ports["name"] == f"{NAME}-ports" and ports["targetTags"] == [NAME]
+    # 22 stays SSH's (ssh_source_ranges); the rest as ranges, from ports_source_ranges
+    assert ports["allowed"] == [{"IPProtocol": "tcp", "ports": ["6006-6007", "8888"]}]
+    assert ports["sourceRanges"] == ["0.0.0.0/0"] and ports["direction"] == "INGRESS"
+    requests = {query(call.request)["requestId"] for call in route.calls}
+    assert len(requests) == 2  # each rule its own request id
+
+
+async def test_ports_source_ranges_narrow_who_reaches_the_jobs_ports(api):
+    route = api.post(url__startswith=f"{P}/global/firewalls").mock(
+        return_value=ok(bodies.operation("DONE"))
+    )
+    config = FakeGce().config(project=bodies.PROJECT, ports_source_ranges=["203.0.113.0/24"])
+    transport = httpx.MockTransport(api.async_handler)
+    narrowed = GceCloud(
+        config, tokens=StaticToken("t"), http=httpx.AsyncClient(transport=transport)
+    )
+    try:
+        await narrowed.prepare(offer(), spec(ports=[8080]))
+    finally:
+        await narrowed.aclose()
+    ports = json.loads(route.calls.last.request.content)
+    assert ports["sourceRanges"] == ["203.0.113.0/24"]
+
+
+@pytest.mark.parametrize(
+    ("image", "source_image"),
+    [
+        (
+            "projects/deeplearning-platform-release/global/images/family/common-cu124",
+            "projects/deeplearning-platform-release/global/images/family/common-cu124",
+        ),
+        (
+            "https://www.googleapis.com/compute/v1/projects/p/global/images/img-1",
+            "https://www.googleapis.com/compute/v1/projects/p/global/images/img-1",
+        ),
+        ("global/images/family/mine", "global/images/family/mine"),
+        ("my-trainer-image", "global/images/my-trainer-image"),  # the project's own, by name
+    ],
+)
+async def test_the_jobs_image_is_the_boot_disks_source(api, cloud, image, source_image):
+    insert = api.post(url__startswith=INSERT).mock(return_value=ok(bodies.operation("DONE")))
+    await cloud.create(offer(), {}, spec(image=image))
+    body = json.loads(insert.calls.last.request.content)
+    (disk,) = body["disks"]
+    assert disk["initializeParams"]["sourceImage"] == source_image
+    assert "sourceMachineImage" not in body
+
+
+async def test_without_an_image_the_configured_one_boots(api, cloud):
+    insert = api.post(url__startswith=INSERT).mock(return_value=ok(bodies.operation("DONE")))
+    await cloud.create(offer(), {}, spec())
+    (disk,) = json.loads(insert.calls.last.request.content)["disks"]
+    assert disk["initializeParams"]["sourceImage"] == cloud.config.image
+
+
+async def test_a_machine_image_is_the_source_of_the_whole_vm(api, cloud):
+    insert = api.post(url__startswith=INSERT).mock(return_value=ok(bodies.operation("DONE")))
+    image = "projects/gpuprov-test/global/machineImages/trainer"
+    await cloud.create(offer(), {}, spec(image=image))
+    body = json.loads(insert.calls.last.request.content)
+    assert body["sourceMachineImage"] == image
+    assert "disks" not in body  # the machine image's own disks
+    assert body["machineType"].endswith("/a3-highgpu-8g") and body["tags"]["items"] == [NAME]
+
+
+def test_gce_declares_neither_image_nor_ports_unsupported(cloud):
+    assert not {"image", "ports"} & set(cloud.capabilities().unsupported)
 
 
 # ---------------------------------------------------------------- diagnose

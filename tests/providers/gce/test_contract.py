@@ -1,8 +1,9 @@
 """The gce adapter against Google's Discovery documents for Compute Engine v1 and the Cloud
 Billing API v1 (tests/fixtures/discovery, see SOURCES.md; the validator is discovery.py).
 
-Every request the adapter sends while it runs each primitive against FakeGce (plan, prepare,
-create on-demand, Spot and N1 with its options, a stockout, observe by zone and by region,
+Every request the adapter sends while it runs each primitive against FakeGce (plan, prepare
+with the job's ports, create on-demand from an image family, Spot from a machine image and N1
+with its options, a stockout, observe by zone and by region,
 observe_region across pages, diagnose, delete, cleanup, and the repeats that answer 404 or 409)
 is a documented method with documented parameters and body; every 2xx answer FakeGce gives and
 every response fixture in bodies.py uses only documented properties. Error bodies
@@ -130,9 +131,12 @@ async def drive() -> list[Exchange]:
     try:
         offers = await main.plan(ResourceRequest(gpu="H100", gpus_per_node=8))
         here = {(o.zone, o.spot): o for o in offers}
-        first, second = spec("train-a1-n0-abc123"), spec("train-a1-n1-abc123")
+        family = "projects/deeplearning-platform-release/global/images/family/common-cu124"
+        first = spec("train-a1-n0-abc123", image=family, ports=[8888, 6006, 6007])
+        machine_image = "projects/gpuprov-test/global/machineImages/trainer"
+        second = spec("train-a1-n1-abc123", image=machine_image)
         prepared = await main.prepare(here["us-central1-b", False], first)
-        await main.prepare(here["us-central1-b", False], first)  # 409 alreadyExists
+        await main.prepare(here["us-central1-b", False], first)  # 409 alreadyExists (both)
         with pytest.raises(ProviderError) as stockout:
             await main.create(here["us-central1-a", False], prepared, first)
         assert stockout.value.kind is ErrorKind.CAPACITY
@@ -209,6 +213,21 @@ def test_the_scenarios_sent_the_bodies_and_options_worth_checking():
     assert any(body.get("serviceAccounts") for body in inserts)
     assert any(body["scheduling"].get("provisioningModel") == "SPOT" for body in inserts)
     assert any("accessConfigs" not in body["networkInterfaces"][0] for body in inserts)
+    assert any(body.get("sourceMachineImage") for body in inserts)  # a machine image...
+    assert any(
+        disk["initializeParams"]["sourceImage"].endswith("/family/common-cu124")
+        for body in inserts
+        for disk in body.get("disks", [])
+    )  # ...and an image family
+    rules = [
+        json.loads(e.request.content)
+        for e in exchanges()
+        if e.request.method == "POST" and e.request.url.path.endswith("/firewalls")
+    ]
+    assert {rule["name"] for rule in rules} == {
+        "gpuprov-train-a1-n0-abc123-ssh",
+        "gpuprov-train-a1-n0-abc123-ports",
+    }
     tokens = [e.request.url.params.get("pageToken") for e in exchanges()]
     assert any(tokens)  # a second page was asked for
 

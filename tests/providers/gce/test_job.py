@@ -1,7 +1,8 @@
 """A whole ProvisionJob on the real Temporal dev server against the gce adapter over respx: the
 cheapest zone stocks out through the insert operation, the job fails over to the next zone, the
 machine's `user-data` metadata boots the node agent, which registers through the real API, the
-job is ready, is released, and the instance and its firewall rule are deleted."""
+job is ready, is released, and the instance and its firewall rule are deleted. A job's image
+and ports reach the VM, and the ports' own rule is deleted with it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import asyncio
 
 from gpuprov.models import AttemptOutcome, BlockScope, JobState
 from providers.errors import ErrorKind
-from providers.gce.identity import firewall_name, instance_name
+from providers.gce.identity import firewall_name, instance_name, ports_firewall_name
 from tests.helpers import job, ready_then_release
 from tests.nodes import agent_stack, booting_nodes
 from tests.providers.gce.fake_gce import FakeGce, gce_worker
@@ -76,3 +77,41 @@ async def test_gpus_all_regions_quota_blocks_every_gce_offer_at_once(client, tas
     assert any(b.scope is BlockScope.PROVIDER and b.key == "gce" for b in final.blocks)
     assert "GPUS_ALL_REGIONS" in (final.error or "")
     assert fake.live_instances() == [] and fake.firewalls == {}
+
+
+async def test_the_jobs_image_and_ports_reach_the_vm_and_its_ports_rule_goes_at_release(
+    client, task_queue, job_name, tmp_path
+):
+    fake = FakeGce()
+    cloud = fake.cloud()
+    family = "projects/deeplearning-platform-release/global/images/family/common-cu124"
+    seen: dict[str, object] = {}
+
+    def while_ready(status) -> None:
+        seen["rules"] = {name: rule["allowed"] for name, rule in fake.firewalls.items()}
+        seen["sources"] = [
+            disk["initializeParams"]["sourceImage"]
+            for instance in fake.instances.values()
+            for disk in instance["disks"]
+        ]
+
+    try:
+        async with (
+            agent_stack(client, task_queue, {"gce": cloud}, tmp_path) as stack,
+            booting_nodes(lambda: launched_user_data(fake), tmp_path),
+        ):
+            spec = job(job_name, image=family, ports=[8888, 6006])
+            handle = await stack.gpuprov.submit(spec)
+            at_ready, final = await ready_then_release(handle, on_ready=while_ready)
+    finally:
+        await cloud.aclose()
+
+    assert at_ready.state is JobState.READY, at_ready.error
+    (node,) = at_ready.nodes
+    assert seen["sources"] == [family]
+    assert seen["rules"] == {
+        firewall_name(node.vm): [{"IPProtocol": "tcp", "ports": ["22"]}],
+        ports_firewall_name(node.vm): [{"IPProtocol": "tcp", "ports": ["6006", "8888"]}],
+    }
+    assert final.state is JobState.COMPLETED
+    assert fake.live_instances() == [] and fake.firewalls == {}  # both rules deleted

@@ -1,6 +1,8 @@
 """A small Lambda Cloud account in memory, served over HTTP by a respx router: what the adapter
 sees, with Lambda's documented bodies (fixtures.py) and error codes.
 
+Firewall rulesets are kept as documented (`instance_ids` filled by launches that name them); a
+ruleset still used by an instance refuses deletion with `firewall-ruleset-in-use`.
 Instances move on with each `GET /instances`: `booting` for `boot_lists` listings, then
 `active`; after a terminate `terminating` for one listing, then `terminated` for one, then
 gone. Launch answers insufficient-capacity where the type lists no capacity in that region,
@@ -21,6 +23,7 @@ import respx
 from .fixtures import API, API_KEY, IMAGES, INSTANCE_TYPES, USER_KEY
 from .fixtures import error as error_body
 from .fixtures import instance as instance_body
+from .fixtures import region as region_body
 
 cloud_module = importlib.import_module("providers.lambda.cloud")
 config_module = importlib.import_module("providers.lambda.config")
@@ -30,6 +33,11 @@ LambdaConfig = config_module.LambdaConfig
 INSUFFICIENT = error_body(
     "instance-operations/launch/insufficient-capacity",
     "Not enough capacity to fulfill launch request.",
+)
+RULESET_IN_USE = error_body(
+    "firewall-rulesets/firewall-ruleset-in-use",
+    "Firewall ruleset is in use by one or more instances.",
+    "Terminate all instances that are using the ruleset before deleting it.",
 )
 
 
@@ -49,6 +57,7 @@ class FakeLambda:
         self.images = copy.deepcopy(IMAGES)
         self.launch_answers: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {}
         self.boot_lists = boot_lists
+        self.rulesets: dict[str, dict[str, Any]] = {}  # id -> FirewallRuleset
         self.launches: list[dict[str, Any]] = []  # every launch body received
         self.terminated: list[str] = []  # ids, in the order terminate calls named them
         self._ages: dict[str, int] = {}
@@ -64,6 +73,13 @@ class FakeLambda:
         route.post("/ssh-keys").mock(side_effect=self._add_key)
         route.delete(path__regex=r"/ssh-keys/(?P<key_id>[^/]+)$").mock(side_effect=self._delete_key)
         route.get("/images").mock(side_effect=lambda request: self._ok(request, self.images))
+        route.get("/firewall-rulesets").mock(
+            side_effect=lambda request: self._ok(request, list(self.rulesets.values()))
+        )
+        route.post("/firewall-rulesets").mock(side_effect=self._add_ruleset)
+        route.delete(path__regex=r"/firewall-rulesets/(?P<ruleset_id>[^/]+)$").mock(
+            side_effect=self._delete_ruleset
+        )
 
     # ------------------------------------------------------------------ for tests
 
@@ -120,10 +136,21 @@ class FakeLambda:
                 "global/object-does-not-exist", "Specified SSH key does not exist.", "Check it."
             )
             return httpx.Response(404, json=missing)
+        attached = [entry["id"] for entry in body.get("firewall_rulesets", [])]
+        if any(
+            self.rulesets.get(ruleset_id, {}).get("region", {}).get("name") != region
+            for ruleset_id in attached
+        ):
+            missing = error_body(
+                "global/object-does-not-exist", "Firewall ruleset does not exist.", "Check it."
+            )
+            return httpx.Response(404, json=missing)
         if region not in {r["name"] for r in item["regions_with_capacity_available"]}:
             return httpx.Response(400, json=INSUFFICIENT)
         number = next(self._ids)
         instance_id = f"{number:032x}"
+        for ruleset_id in attached:
+            self.rulesets[ruleset_id]["instance_ids"].append(instance_id)
         self.instances[instance_id] = instance_body(
             instance_id,
             name=body.get("name"),
@@ -154,6 +181,9 @@ class FakeLambda:
                 body["status"] = "terminated"
             elif body["status"] == "terminated":
                 del self.instances[instance_id]
+                for ruleset in self.rulesets.values():
+                    if instance_id in ruleset["instance_ids"]:
+                        ruleset["instance_ids"].remove(instance_id)
 
     def _get(self, request: httpx.Request, instance_id: str) -> httpx.Response:
         if denied := self._checked(request):
@@ -196,6 +226,37 @@ class FakeLambda:
         if self.keys.pop(key_id, None) is None:
             missing = error_body("global/not-found", "The requested resource was not found.")
             return httpx.Response(404, json=missing)
+        return httpx.Response(200, json={"data": {}})
+
+    def _add_ruleset(self, request: httpx.Request) -> httpx.Response:
+        if denied := self._checked(request):
+            return denied
+        body = json.loads(request.content)
+        ruleset_id = f"{next(self._ids):032x}"
+        self.rulesets[ruleset_id] = {
+            "id": ruleset_id,
+            "name": body["name"],
+            "region": region_body(body["region"]),
+            "rules": body["rules"],
+            "created": "2026-08-20T10:00:00+00:00",
+            "instance_ids": [],
+        }
+        return httpx.Response(200, json={"data": self.rulesets[ruleset_id]})
+
+    def _delete_ruleset(self, request: httpx.Request, ruleset_id: str) -> httpx.Response:
+        if denied := self._checked(request):
+            return denied
+        ruleset = self.rulesets.get(ruleset_id)
+        if ruleset is None:
+            missing = error_body(
+                "global/object-does-not-exist",
+                "Firewall ruleset does not exist or you do not have permission to access it.",
+                "Check your firewall ruleset ID and try again.",
+            )
+            return httpx.Response(404, json=missing)
+        if ruleset["instance_ids"]:
+            return httpx.Response(400, json=RULESET_IN_USE)
+        del self.rulesets[ruleset_id]
         return httpx.Response(200, json={"data": {}})
 
 

@@ -120,7 +120,12 @@ async def test_prepare_with_the_configured_key_makes_no_call(account, cloud):
     target = await offer(cloud)
     before = len(account.router.calls)
     prepared = await cloud.prepare(target, spec())
-    assert prepared == {"ssh_key_name": "ops-team", "per_vm_key": False, "image": None}
+    assert prepared == {
+        "ssh_key_name": "ops-team",
+        "per_vm_key": False,
+        "image": None,
+        "firewall_ruleset_id": None,  # no ports asked: no ruleset
+    }
     assert len(account.router.calls) == before
 
 
@@ -138,7 +143,16 @@ async def test_prepare_registers_one_per_vm_key_idempotently(account, cloud):
     target = await offer(cloud)
     first = await cloud.prepare(target, spec(ssh_public_key=VM_PUBLIC_KEY))
     again = await cloud.prepare(target, spec(ssh_public_key=VM_PUBLIC_KEY))
-    assert first == again == {"ssh_key_name": f"gpuprov-{VM}", "per_vm_key": True, "image": None}
+    assert (
+        first
+        == again
+        == {
+            "ssh_key_name": f"gpuprov-{VM}",
+            "per_vm_key": True,
+            "image": None,
+            "firewall_ruleset_id": None,
+        }
+    )
     names = sorted(key["name"] for key in account.keys.values())
     assert names == [f"gpuprov-{VM}", "ops-team"]
     posts = [c for c in account.router.calls if c.request.method == "POST"]
@@ -263,3 +277,105 @@ async def test_cleanup_surfaces_a_server_error_as_transient(account, cloud):
     with pytest.raises(ProviderError) as caught:
         await cloud.cleanup((await offer(cloud)).location, VM)
     assert caught.value.kind is ErrorKind.TRANSIENT and "HTTP 502" in caught.value.message
+
+
+# ---------------------------------------------------------------- the job's ports
+
+
+async def test_prepare_opens_the_jobs_ports_in_a_per_vm_ruleset_once(account, cloud):
+    target = await offer(cloud)
+    node = spec(ports=[8002, 8000, 8001, 9000])
+    first = await cloud.prepare(target, node)
+    again = await cloud.prepare(target, node)  # found by name and region: not made twice
+    assert first == again and first["firewall_ruleset_id"] in account.rulesets
+    (ruleset,) = account.rulesets.values()
+    assert ruleset["name"] == f"gpuprov-{VM}" and ruleset["region"]["name"] == target.region
+    assert [(r["protocol"], r["port_range"], r["source_network"]) for r in ruleset["rules"]] == [
+        ("tcp", [8000, 8002], "0.0.0.0/0"),
+        ("tcp", [9000, 9000], "0.0.0.0/0"),
+    ]
+    await cloud.create(target, first, node)
+    (launch,) = account.launches
+    assert launch["firewall_rulesets"] == [{"id": first["firewall_ruleset_id"]}]
+
+
+async def test_ports_source_networks_narrow_who_reaches_the_jobs_ports(account):
+    cloud = account.cloud(
+        ssh_key_name="ops-team", ports_source_networks=["203.0.113.0/24", "198.51.100.7/32"]
+    )
+    try:
+        await cloud.prepare(await offer(cloud), spec(ports=[8080]))
+    finally:
+        await cloud.aclose()
+    (ruleset,) = account.rulesets.values()
+    assert [r["source_network"] for r in ruleset["rules"]] == ["203.0.113.0/24", "198.51.100.7/32"]
+
+
+async def test_a_ruleset_made_by_a_lost_answer_is_adopted(account, cloud):
+    target = await offer(cloud)
+    made = httpx.Response(502, text="<html>bad gateway</html>")
+
+    def lost(request: httpx.Request) -> httpx.Response:
+        account._add_ruleset(request)  # Lambda made it; the answer never arrived
+        return made
+
+    account.router.post("/firewall-rulesets").mock(side_effect=lost)
+    with pytest.raises(ProviderError) as caught:
+        await cloud.prepare(target, spec(ports=[8080]))
+    assert caught.value.kind is ErrorKind.TRANSIENT  # the core retries the step...
+    account.router.post("/firewall-rulesets").mock(side_effect=account._add_ruleset)
+    prepared = await cloud.prepare(target, spec(ports=[8080]))  # ...which finds it
+    assert list(account.rulesets) == [prepared["firewall_ruleset_id"]]
+
+
+async def test_cleanup_deletes_the_vms_ruleset_once_its_instance_is_gone(account, cloud):
+    target = await offer(cloud)
+    node = spec(ports=[8080])
+    prepared = await cloud.prepare(target, node)
+    await cloud.prepare(target, spec("other-a1-n0-def456", ports=[8080]))
+    ids = await cloud.create(target, prepared, node)
+    await cloud.delete(target.location, VM, ids)
+    with pytest.raises(ProviderError) as caught:  # still attached while it terminates
+        await cloud.cleanup(target.location, VM)
+    assert caught.value.kind is ErrorKind.TRANSIENT
+    assert "firewall-ruleset-in-use" in caught.value.message
+    while await cloud.observe(target.location, VM):
+        pass  # terminating, terminated, gone
+    await cloud.cleanup(target.location, VM)
+    await cloud.cleanup(target.location, VM)  # idempotent
+    assert [r["name"] for r in account.rulesets.values()] == ["gpuprov-other-a1-n0-def456"]
+
+
+async def test_cleanup_counts_a_ruleset_deleted_meanwhile_as_done(account, cloud):
+    target = await offer(cloud)
+    prepared = await cloud.prepare(target, spec(ports=[8080]))
+    ruleset_id = prepared["firewall_ruleset_id"]
+    account.router.delete(f"/firewall-rulesets/{ruleset_id}").mock(
+        return_value=httpx.Response(
+            404,
+            json={"error": {"code": "global/object-does-not-exist", "message": "gone"}},
+        )
+    )
+    await cloud.cleanup(target.location, VM)
+
+
+def test_lambda_declares_neither_image_nor_ports_unsupported(cloud):
+    assert not {"image", "ports"} & set(cloud.capabilities().unsupported)
+
+
+async def test_the_jobs_image_family_is_launched_over_the_configured_one(account):
+    # the configured family is not offered in the offer's region: only the job's can launch
+    cloud = account.cloud(ssh_key_name="ops-team", image_family="ubuntu-24-04")
+    try:
+        target = await offer(cloud)
+        assert target.region == "us-east-3"
+        node = spec(image="lambda-stack-24-04")
+        await cloud.create(target, await cloud.prepare(target, node), node)
+        node = spec("other-a1-n0-def456", image="43336648-096d-4cba-9aa2-f9bb7727639d")
+        await cloud.create(target, await cloud.prepare(target, node), node)
+    finally:
+        await cloud.aclose()
+    assert [launch["image"] for launch in account.launches] == [
+        {"family": "lambda-stack-24-04"},
+        {"id": "43336648-096d-4cba-9aa2-f9bb7727639d"},
+    ]

@@ -25,7 +25,7 @@ from referencing.jsonschema import DRAFT202012
 from werkzeug.datastructures import Headers, ImmutableMultiDict
 
 from providers.base import InstanceSpec, Location, NodeBootstrap, ResourceRequest
-from providers.errors import ProviderError
+from providers.errors import ErrorKind, ProviderError
 
 from . import fixtures as fx
 from .fake_lambda import FakeLambda
@@ -89,22 +89,30 @@ async def test_every_request_the_adapter_sends_is_documented(account: FakeLambda
         user_data="#!/bin/sh\ntrue\n",
         labels={"gpuprov-job": "train"},
         bootstrap=boot,
+        ports=[8888, 6006, 6007],
     )
     try:
         offers = await cloud.plan(ResourceRequest())
         east, south_offer = [o for o in offers if o.instance_type == "gpu_8x_h100_sxm5"]
         with pytest.raises(ProviderError):  # a stockout answer is part of the contract too
             await cloud.create(east, await cloud.prepare(east, spec), spec)
-        ids = await cloud.create(south_offer, await cloud.prepare(south_offer, spec), spec)
+        prepared = await cloud.prepare(south_offer, spec)
+        ruleset = prepared["firewall_ruleset_id"]
+        ids = await cloud.create(south_offer, prepared, spec)
         await cloud.observe(south, VM)
         await cloud.observe_region(south)
         await cloud.diagnose(south, VM)
         await cloud.delete(south, VM, [*ids, "0" * 32])  # the second id is gone: a 404
+        with pytest.raises(ProviderError) as in_use:  # the ruleset's instance still terminates
+            await cloud.cleanup(south, VM)
+        assert in_use.value.kind is ErrorKind.TRANSIENT
+        while await cloud.observe(south, VM):
+            pass  # terminating, then terminated, then gone
         await cloud.cleanup(south, VM)
     finally:
         await cloud.aclose()
     sent = {
-        (r.method, re.sub(r"/ssh-keys/.+", "/ssh-keys/{id}", r.url.path))
+        (r.method, re.sub(r"/(ssh-keys|firewall-rulesets)/.+", r"/\1/{id}", r.url.path))
         for r, _ in account.calls()
     }
     assert sent == {
@@ -116,7 +124,12 @@ async def test_every_request_the_adapter_sends_is_documented(account: FakeLambda
         ("GET", "/api/v1/instances"),
         ("POST", "/api/v1/instance-operations/terminate"),
         ("DELETE", "/api/v1/ssh-keys/{id}"),
+        ("GET", "/api/v1/firewall-rulesets"),
+        ("POST", "/api/v1/firewall-rulesets"),
+        ("DELETE", "/api/v1/firewall-rulesets/{id}"),
     }
+    launched = [body for body in account.launches if body["region_name"] == "us-south-2"]
+    assert [body["firewall_rulesets"] for body in launched] == [[{"id": ruleset}]] and ruleset
     for sent_request, response in account.calls():
         documented = DocumentedRequest(sent_request)
         openapi().validate_request(documented)

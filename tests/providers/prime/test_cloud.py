@@ -114,7 +114,7 @@ async def test_capabilities_are_the_configured_hints_with_the_agent_over_ssh():
     adapter = await with_transport(static(), boot_timeout=900, poll_interval=5)
     hints = adapter.capabilities()
     assert (hints.boot_timeout, hints.delete_timeout, hints.poll_interval) == (900, 600, 5)
-    assert hints.node_agent is True and hints.unsupported == ["user_data"]
+    assert hints.node_agent is True and hints.unsupported == ["user_data", "ports"]
     assert adapter.config.ssh_bootstrap is True  # the core starts the agent over SSH
     # Prime documents no billing increment for pods: exact seconds.
     assert (hints.billing.granularity_seconds, hints.billing.minimum_seconds) == (None, 0)
@@ -168,6 +168,29 @@ async def test_plan_applies_country_provider_and_image_filters(prime):
     flux = PrimeCloud(PrimeConfig(image="flux"), api_key=API_KEY, transport=prime.transport())
     imaged = [o.detail["cloud_id"] for o in await flux.plan(ResourceRequest())]
     assert imaged == ["n3-H100x1", "n3-A100x1"]  # the Hyperstack offers list `flux`
+
+
+async def test_plan_keeps_the_offers_that_list_the_jobs_environment(prime):
+    adapter = PrimeCloud(PrimeConfig(), api_key=API_KEY, transport=prime.transport())
+    imaged = await adapter.plan(ResourceRequest(image="flux"))
+    assert [o.detail["cloud_id"] for o in imaged] == ["n3-H100x1", "n3-A100x1"]
+    offer = imaged[0]
+    node = spec(image="flux")
+    await adapter.create(offer, await adapter.prepare(offer, node), node)
+    (created,) = prime.created
+    assert created["pod"]["image"] == "flux"  # the job's, not the configured ubuntu_22_cuda_12
+    assert prime.violations == []  # an EnvironmentTypeEnum value, as documented
+
+
+@pytest.mark.parametrize(
+    "image", ["nvcr.io/nvidia/pytorch:24.05-py3", "custom_template", "ubuntu:22.04"]
+)
+async def test_an_image_that_is_not_a_prime_environment_refuses_the_provider_at_plan(prime, image):
+    adapter = PrimeCloud(PrimeConfig(), api_key=API_KEY, transport=prime.transport())
+    error = await failure(adapter.plan(ResourceRequest(image=image)))
+    assert (error.kind, error.block_scope) == (ErrorKind.UNAVAILABLE, BlockScope.PROVIDER)
+    assert repr(image) in error.message and "cuda_12_4_pytorch_2_5" in error.message
+    assert prime.calls == []  # refused before any call
 
 
 async def test_plan_reads_every_page(prime):

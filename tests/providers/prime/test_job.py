@@ -3,7 +3,7 @@ cheapest offer answers Prime's stockout on create, the job fails over to the nex
 runs (ACTIVE, installation FINISHED, an SSH endpoint); the core logs in over SSH with the key
 prepare registered (the host key pinned at first use) and starts the node agent with a fresh
 token on its stdin, the agent registers through the real API, the job is ready, is released,
-and the pod is deleted."""
+and the pod is deleted. A job asking for ports is never offered Prime, and says why."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from tests.helpers import job, ready_then_release
 from tests.nodes import agent_stack, ssh_gpu_node
 from tests.providers.prime import bodies
 from tests.providers.prime.fake_api import API_KEY, FakePrime
+from tests.providers.refusals import assert_refused, refused
 from tests.providers.ssh.test_job import bootstrap_result
 
 CHEAPEST = "prime/hyperstack/CANADA-1/n3-H100x1/1xH100_80GB"
@@ -68,3 +69,22 @@ async def test_stockout_on_the_cheapest_offer_fails_over_and_the_pod_is_deleted(
     assert len(node.instance_ids) == 1 and prime.deleted == node.instance_ids
     assert prime.live_pods() == []
     assert prime.violations == []
+
+
+async def test_a_job_asking_for_ports_never_gets_a_prime_offer_and_says_why(
+    client, task_queue, job_name
+):
+    prime = FakePrime([bodies.HYPERSTACK_H100, bodies.RUNPOD_H100])
+    cloud = PrimeCloud(PrimeConfig(), api_key=API_KEY, transport=prime.transport())
+    spec = job(
+        job_name,
+        resources={"gpu": "H100", "gpus_per_node": 1},
+        ports=[8888],
+        provisioning_timeout_seconds=30,
+    )
+    try:
+        refusal = await refused(client, task_queue, cloud, spec)
+    finally:
+        await cloud.aclose()
+    assert_refused(refusal, "prime", "prime cannot open ports")
+    assert prime.calls == [] and prime.created == []  # not even asked for offers

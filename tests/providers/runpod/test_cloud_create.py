@@ -168,6 +168,24 @@ async def test_create_names_the_pod_marks_it_and_passes_the_vm_key_in_env(api):
     }
 
 
+async def test_create_boots_the_jobs_image_and_publishes_its_ports_beside_ssh(api):
+    offer = await an_offer(api)
+    cloud = api.cloud(image="configured/image:1")
+    spec = SPEC.model_copy(update={"image": "ghcr.io/me/serve:2", "ports": [8000, 22, 8000, 6006]})
+    await cloud.create(offer, await cloud.prepare(offer, spec), spec)
+    await cloud.aclose()
+    (body,) = api.created
+    assert body["image"] == "ghcr.io/me/serve:2"
+    # "port/protocol", as RunPod documents; 22 once, repeats dropped, the job's order kept
+    assert body["ports"] == ["22/tcp", "8000/tcp", "6006/tcp"]
+
+
+async def test_runpod_declares_neither_image_nor_ports_unsupported(api):
+    cloud = api.cloud()
+    assert not {"image", "ports"} & set(cloud.capabilities().unsupported)
+    await cloud.aclose()
+
+
 async def test_create_never_writes_the_accounts_ssh_keys(api):
     offer = await an_offer(api)
     cloud = api.cloud()

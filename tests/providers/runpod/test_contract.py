@@ -63,6 +63,21 @@ async def test_every_request_and_answer_matches_runpods_openapi(settings):
         validate_response(request, response)
 
 
+async def test_a_pod_with_the_jobs_image_and_ports_matches_runpods_openapi():
+    api = FakeRunPod()
+    cloud = api.cloud()
+    spec = SPEC.model_copy(update={"image": "nvcr.io/nvidia/pytorch:24.05-py3", "ports": [8888]})
+    offer = (await cloud.plan(ResourceRequest(gpu="H100", gpus_per_node=8)))[0]
+    await cloud.create(offer, await cloud.prepare(offer, spec), spec)
+    await cloud.aclose()
+    (body,) = api.created
+    assert body["image"] == "nvcr.io/nvidia/pytorch:24.05-py3"
+    assert body["ports"] == ["22/tcp", "8888/tcp"]
+    for request, response in api.exchanges:
+        validate_request(request)
+        validate_response(request, response)
+
+
 def test_the_validator_rejects_what_runpod_would_reject():
     """The check can fail: a v1-style body, an unknown field, a v1 path."""
     headers = {"Authorization": "Bearer x"}

@@ -288,3 +288,13 @@ async def test_a_claims_database_that_cannot_be_reached_is_transient(tmp_path: P
     finally:
         await provider.aclose()
     assert raised.value.kind is ErrorKind.TRANSIENT and "claims database" in raised.value.message
+
+
+async def test_a_jobs_ports_need_nothing_opened_and_an_image_is_declared_unsupported(
+    machines: SshMachines,
+) -> None:
+    hints = machines.capabilities()
+    assert "image" in hints.unsupported and "ports" not in hints.unsupported
+    (offer, *_) = await machines.plan(ResourceRequest())
+    node = spec("web-a1-n0").model_copy(update={"ports": [8080]})
+    assert await machines.prepare(offer, node) == {}  # nothing to open on a machine you own

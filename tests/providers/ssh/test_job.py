@@ -4,7 +4,8 @@ Real Temporal dev server, real API, real database, real sshd, the real node agen
 has a cheaper machine that is down and a dearer one that is up: the job fails over from the
 first (Failed: unreachable) to the second, whose sshd it reaches with its host key verified; the
 workflow's bootstrap step uploads the agent and hands it a fresh token over SSH; the agent
-registers through the API and the job is placed on it.
+registers through the API and the job is placed on it. A job naming an image is never offered
+these machines, and says why.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from providers.errors import ErrorKind
 from providers.ssh.cloud import SshMachines
 from providers.ssh.config import SshConfig, SshHost
 from tests.helpers import job, until
+from tests.providers.refusals import assert_refused, refused
 from tests.sshd import free_port, running_sshd
 
 # A job waits in queued (planning) and then provisioning (an offer being brought up).
@@ -145,3 +147,16 @@ async def test_a_job_fails_over_to_the_reachable_machine_registers_and_releases_
     assert {row.status for row in vms.values()} == {"terminated"}
     [worker] = rows(records, WorkerRecord)
     assert (worker.vm, worker.provider, worker.state) == (placed.vm, "ssh", "revoked")
+
+
+async def test_a_job_naming_an_image_never_gets_a_machine_you_own_and_says_why(
+    client, task_queue, job_name, tmp_path: Path
+):
+    box = SshHost(name="box-1", host="127.0.0.1", key_path="/dev/null", gpu="H100", gpu_count=8)
+    machines = SshMachines(SshConfig(hosts=[box], claims_url=f"sqlite:///{tmp_path / 'claims.db'}"))
+    spec = job(job_name, image="nvcr.io/nvidia/pytorch:24.05-py3", provisioning_timeout_seconds=30)
+    try:
+        refusal = await refused(client, task_queue, machines, spec)
+    finally:
+        await machines.aclose()
+    assert_refused(refusal, "ssh", "ssh cannot run a container image")

@@ -188,6 +188,34 @@ async def test_create_labels_the_instance_and_hands_over_key_and_user_data_but_n
     assert cloud.capabilities().node_agent and cloud.config.ssh_bootstrap
 
 
+async def test_create_runs_the_jobs_image_and_publishes_its_ports_in_env(cloud, vast_api):
+    offer = await first_offer(cloud, vast_api)
+    node = spec(image="ghcr.io/me/serve:2", ports=[8000, 22, 8000, 6006])
+    await cloud.create(offer, await cloud.prepare(offer, node), node)
+    ((_, body),) = vast_api.created
+    assert body["image"] == "ghcr.io/me/serve:2"
+    # Docker's -p flags, the form create_instance.yaml documents; 22 is the runtype's
+    assert body["env"] == "-p 8000:8000 -p 6006:6006"
+
+
+@pytest.mark.parametrize(
+    ("ssh", "ports", "direct_ports"),
+    [("direct", [], 1), ("direct", [8000, 6006, 22], 3), ("proxy", [], None), ("proxy", [80], 1)],
+)
+async def test_plan_asks_for_a_direct_port_per_published_port(vast_api, ssh, ports, direct_ports):
+    cloud = VastCloud(vast_config(ssh=ssh), api_key=fixtures.API_KEY)
+    vast_api.listings = [fixtures.h100_listing(101, 20.0)]
+    await cloud.plan(H100X8.model_copy(update={"ports": ports}))
+    await cloud.aclose()
+    (request,) = vast_api.requests
+    sent = json.loads(request.content).get("direct_port_count")
+    assert sent == ({"gte": direct_ports} if direct_ports else None)
+
+
+async def test_vast_declares_neither_image_nor_ports_unsupported(cloud):
+    assert not {"image", "ports"} & set(cloud.capabilities().unsupported)
+
+
 async def test_a_vanished_listing_is_capacity(cloud, vast_api):
     offer = await first_offer(cloud, vast_api)
     vast_api.gone_asks.add(101)

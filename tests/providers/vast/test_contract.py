@@ -29,7 +29,9 @@ async def test_every_request_of_a_full_lifecycle_matches_vasts_documentation(rou
     cloud = VastCloud(
         vast_config(ssh=ssh, regions=["US"], datacenter_only=True), api_key=fixtures.API_KEY
     )
-    request = ResourceRequest(gpu="H100", gpus_per_node=8, min_vcpus=8, min_disk_gb=100)
+    request = ResourceRequest(
+        gpu="H100", gpus_per_node=8, min_vcpus=8, min_disk_gb=100, ports=[8888, 6006]
+    )
     offer, _ = await cloud.plan(request)
     spec = InstanceSpec(
         vm="c-a1-n0-abc",
@@ -37,6 +39,7 @@ async def test_every_request_of_a_full_lifecycle_matches_vasts_documentation(rou
         node_index=0,
         attempt=1,
         image="nvidia/cuda:12.4.1-base-ubuntu22.04",
+        ports=[8888, 6006],
         ssh_public_key="ssh-ed25519 AAAA k",
         user_data="echo hi",
         bootstrap=NodeBootstrap(api_url="https://api.example:8700", join_token="tok"),
@@ -56,6 +59,9 @@ async def test_every_request_of_a_full_lifecycle_matches_vasts_documentation(rou
         ("DELETE", "/api/v0/instances/999/"),
     }
     assert api.violations == []
+    (_, created), *_ = api.created
+    assert created["image"] == "nvidia/cuda:12.4.1-base-ubuntu22.04"
+    assert created["env"] == "-p 8888:8888 -p 6006:6006"
 
 
 def test_the_judge_refuses_what_vast_would_refuse():
