@@ -1,4 +1,4 @@
-"""Health of one machine: the provider's diagnosis plus an SSH probe of the node (issue 4).
+"""Health of one machine: the provider's diagnosis plus an SSH probe of the node.
 
 check_health(vm):
 1. the VM row says where the machine is (provider, region, zone);

@@ -51,7 +51,7 @@ class Heartbeater(Generic[ProgressT]):
     def note(self, progress: ProgressT) -> None:
         """The progress the next background beat sends, with no beat of its own: every beat
         is a write of the workflow's state on the server, and a cloud wait that ends within
-        one interval needs none (issue 8: two of a job's 28 server-side writes)."""
+        one interval needs none (each beat is a server-side write)."""
         self.progress = progress
 
     async def _beat(self) -> None:

@@ -1,4 +1,4 @@
-"""The k3s profile (issue 4): node 0 runs the k3s server, every other node joins it as an agent.
+"""The k3s profile: node 0 runs the k3s server, every other node joins it as an agent.
 
 setup_k3s(nodes), one activity for the whole cluster, because the cluster's join token must
 never leave the worker:

@@ -344,7 +344,7 @@ def render(results: BenchResults) -> str:
             else "."
         ),
         "",
-        "## Targets (issue 8)",
+        "## Targets",
         "",
     ]
     rows = [[name, measured, verdict] for name, measured, verdict in targets(results)]

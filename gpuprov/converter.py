@@ -4,7 +4,7 @@ pydantic TypeAdapters.
 `temporalio.contrib.pydantic.PydanticPayloadConverter` caches a TypeAdapter per type hint, but
 the cache lives in the converter instance, and the SDK builds a new payload converter for every
 serialization context: every workflow activation and every activity. So each typed payload
-decode built its TypeAdapter (a pydantic schema) again, about eight per job (issue 8). Here every
+decode built its TypeAdapter (a pydantic schema) again, about eight per job. Here every
 instance composes the same converters, built once, and so shares one LRU cache. The wire
 format is unchanged (`json/plain`, as pydantic_data_converter writes): histories recorded with
 either read with the other.

@@ -1,6 +1,7 @@
 """The public, versioned payloads: JobSpec in, JobStatus out.
 
-Users and other services depend on these names (DESIGN.md, "The public contract"): add fields
+Users and other services depend on these names (docs/architecture.md, the public payloads): add
+fields
 with defaults, never rename. Every model rejects unknown fields so a typo is an error that names
 the field, not a silently ignored setting.
 """

@@ -51,7 +51,7 @@ async def test_bench_smallest_sizes_run_and_render(client: Client) -> None:
 
     report = render(results)
     for heading in (
-        "## Targets (issue 8)",
+        "## Targets",
         "## Overhead per single-node job",
         "## The limit: gpuprov / plain asyncio loop",
         "## Throughput (one worker, zero cloud latency)",

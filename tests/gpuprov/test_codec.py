@@ -178,7 +178,7 @@ async def test_data_converter_is_the_pydantic_one_without_keys():
 
 def test_the_converters_of_every_context_share_one_type_adapter_cache():
     """The SDK builds a payload converter per workflow activation and per activity; a typed
-    decode must not build its pydantic TypeAdapter again in each (issue 8)."""
+    decode must not build its pydantic TypeAdapter again in each."""
     first = PYDANTIC_DATA_CONVERTER.payload_converter_class()
     second = PYDANTIC_DATA_CONVERTER.payload_converter_class()
     json_first, json_second = first.converters[b"json/plain"], second.converters[b"json/plain"]

@@ -198,8 +198,8 @@ def test_unrelated_env_variables_are_ignored() -> None:
 def test_env_override_of_a_string_setting_keeps_numeric_looking_values() -> None:
     # BUG: _parse_env_value reads every value as a TOML literal, so a namespace or task queue
     # that looks like a number or boolean becomes int/bool and the str field rejects it:
-    # ConfigError "temporal.namespace: Input should be a valid string". DESIGN.md says each
-    # setting is overridable by an environment variable.
+    # ConfigError "temporal.namespace: Input should be a valid string". Every setting is meant
+    # to be overridable by an environment variable (gpuprov/config.py).
     env = {"GPUPROV_TEMPORAL__NAMESPACE": "2024", "GPUPROV_TEMPORAL__TASK_QUEUE": "true"}
     try:
         settings = load_settings(env=env)

@@ -1,4 +1,4 @@
-"""Failover across clouds (issue 6): one worker with the GCE adapter (over its fake Compute
+"""Failover across clouds: one worker with the GCE adapter (over its fake Compute
 Engine) and the AWS adapter (over moto). GCE is cheaper, so the job tries it first; every GCE
 zone stocks out through the insert operation, and the job fails over to AWS, reaches ready, is
 released, and nothing is left on either cloud. The AWS machine boots its user data, and its

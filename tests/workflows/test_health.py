@@ -1,4 +1,4 @@
-"""Health (issue 4): `gpuprov health JOB|VM` and the ready job's periodic check, on the real dev
+"""Health: `gpuprov health JOB|VM` and the ready job's periodic check, on the real dev
 server and the fake cloud. The SSH probe against a real sshd is in
 tests/providers/ssh/test_job.py."""
 

@@ -1,4 +1,4 @@
-"""The orphan reconciler (issue 7) on the real dev server, the fake cloud and a real database.
+"""The orphan reconciler on the real dev server, the fake cloud and a real database.
 
 A machine is deleted only when no live job owns it (database and Temporal agree) and it is
 older than the grace period; kept machines are never touched; failed terminations are retried

@@ -56,7 +56,8 @@ def test_a_stockout_is_capacity_although_it_arrives_as_http_500():
     assert "(request 8f7bd7a1-3c1e-4a53-9a4b-1a0b2c3d4e5f)" in error.message
 
 
-# docs: shared/reference/clouds.md section 5 and issue 6, written out independently of the table
+# the error codes as AWS documents them (docs/clouds/aws.md), written out independently of the
+# table
 DOCUMENTED = {
     "InsufficientInstanceCapacity": ErrorKind.CAPACITY,
     "InsufficientHostCapacity": ErrorKind.CAPACITY,
@@ -81,7 +82,7 @@ DOCUMENTED = {
     "InvalidAMIID.Malformed": ErrorKind.INVALID_REQUEST,
     "InvalidAMIID.Unavailable": ErrorKind.INVALID_REQUEST,
     "InvalidKeyPair.NotFound": ErrorKind.INVALID_REQUEST,
-    # issue 6: a same-token request with other parameters may have made something
+    # a same-token request with other parameters may have made something
     "IdempotentParameterMismatch": ErrorKind.FAILED,
 }
 

@@ -1,4 +1,4 @@
-"""The k3s profile (issue 4) on machines you own: a 2-node job on two local sshds,
+"""The k3s profile on machines you own: a 2-node job on two local sshds,
 bootstrapped over SSH by the workflow, then node 0 runs the k3s server and node 1 joins it as an
 agent. The installer is a stub script on the SSH host (installer_url file://...) that records
 how it was run; the cluster's join token travels only over SSH stdin: never in the job's
