@@ -57,6 +57,7 @@ from tests.helpers import (
     ready_then_release,
     until,
 )
+from tests.workflows.test_running import nodes_running
 from workflows.offers import OffersQuery, PlanOffers
 
 HERE = Path(__file__).resolve().parent
@@ -253,6 +254,34 @@ async def agent_registration(run: Run) -> None:
         _expect(final.state is JobState.COMPLETED, f"completed, got {final.state}")
 
 
+async def run_completes(run: Run) -> None:
+    """Two nodes run the work (played through the database) and exit 0: completed by itself."""
+    config = fast_cloud(simulate_agent=True)
+    async with run.worker(config, api=True) as (gpuprov, _cloud, _):
+        async with nodes_running(run.client, run.records, run.name, lambda rank, epoch: 0):
+            handle = await gpuprov.submit(run.job(2, run="echo $GPUPROV_NODE_RANK"))
+            final = await asyncio.wait_for(handle.result(), 60)
+        _expect(final.state is JobState.COMPLETED, f"completed, got {final.state}: {final.error}")
+
+
+async def run_restarts(run: Run) -> None:
+    """The node is preempted while it runs the work: a restart on the next offer, completed."""
+    config = fast_cloud(simulate_agent=True)
+    async with run.worker(config, api=True) as (gpuprov, cloud, _):
+        behaviour = lambda rank, epoch: 0 if epoch == 1 else None  # noqa: E731
+        async with nodes_running(run.client, run.records, run.name, behaviour) as nodes:
+            spec = run.job(
+                run="sleep 3600", health_check_interval_seconds=1, recovery={"max_restarts": 1}
+            )
+            handle = await gpuprov.submit(spec)
+            await until(handle, lambda s: s.state is JobState.RUNNING and bool(nodes.started))
+            [instance] = cloud.live_instances()
+            cloud.state.preempt(instance.id)
+            final = await asyncio.wait_for(handle.result(), 90)
+        _expect(final.state is JobState.COMPLETED, f"completed, got {final.state}: {final.error}")
+        _expect(len(final.restarts) == 1, f"one restart, got {final.restarts}")
+
+
 async def large_job(run: Run) -> None:
     """The largest job a spec allows: every node registers through the API, then release."""
     config = fast_cloud(simulate_agent=True, boot_timeout=300, delete_timeout=300)
@@ -373,6 +402,10 @@ SCENARIOS: dict[str, Scenario] = {
             agent_registration,
         ),
         Scenario("large_job", f"{LARGEST_JOB} nodes through registration to release", large_job),
+        Scenario("run_completes", "two nodes run the work and exit 0: completed", run_completes),
+        Scenario(
+            "run_restarts", "a node preempted while it runs: restart, then done", run_restarts
+        ),
         Scenario("invalid_spec", "a raw start with an invalid spec fails at once", invalid_spec),
         Scenario(
             "existing_worker",
