@@ -18,8 +18,8 @@ The first job that runs has a node killed with a restart left, the next ones a n
 a kill without a restart left and exits 0 (then shuffled rounds); the first hostile start is
 the impostor.
 
-The draws come from a generator of their own, so the rest of a seed's plan (sizes, arrivals,
-fault rules, disruptions) does not depend on the mix.
+The draws come from a generator of their own: a seed's sizes, arrival times and disruptions
+do not depend on the mix, and its fault rules only in that none is aimed at a hostile start.
 """
 
 from __future__ import annotations
