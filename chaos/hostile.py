@@ -138,15 +138,20 @@ async def start_hostile(run: ChaosRun, job: JobRun) -> None:
         )
 
     job.submitted_wall = time.time()
-    await run.retrying(f"start {job.name}", start)
-    job.handle = run.gpuprov.job(job.name)
-    job.submitted_at = time.monotonic()
-    job.last_seen = "queued"
-    run.event(f"hostile start {job.workflow_id}: {role.hostile}")
-    job.problems += await _judge(run, job, case)
-    if target is not None and before is not None:
-        job.problems += await _untouched(run, target, before)
-        run.release_now(target)
+    try:
+        await run.retrying(f"start {job.name}", start)
+        job.handle = run.gpuprov.job(job.name)
+        job.submitted_at = time.monotonic()
+        job.last_seen = "queued"
+        run.event(f"hostile start {job.workflow_id}: {role.hostile}")
+        job.problems += await _judge(run, job, case)
+        if target is not None and before is not None:
+            job.problems += await _untouched(run, target, before)
+    except Exception as error:  # a check that could not be made is a failed check
+        job.problems.append(f"the harness could not judge it: {type(error).__name__}: {error}")
+    finally:
+        if target is not None and not target.released:
+            run.release_now(target)  # held for the impostor; it must still end
 
 
 async def _ready_or_ended(target: JobRun, limit: float) -> None:
