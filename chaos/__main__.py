@@ -1,5 +1,6 @@
 """`python -m chaos --jobs N --seed S [--kills K] [--server-restarts R] [--workers W]
-[--database sqlite|postgresql] [--out FILE]`
+[--database sqlite|postgresql] [--run-fraction F] [--hostile-fraction F] [--largest L]
+[--out FILE]`
 
 Prints progress on stderr and the summary on stdout; exits 0 only when every check passed
 (docs/reliability.md says what is checked). `make chaos N=200` runs the large configuration.
@@ -58,6 +59,24 @@ def parse(argv: list[str]) -> tuple[Options, Path | None]:
         "--density", type=float, default=1.0, help="fault rules per job (default 1.0)"
     )
     parser.add_argument(
+        "--run-fraction",
+        type=float,
+        default=0.25,
+        help="share of jobs with `run`, their nodes played by the harness (0.25)",
+    )
+    parser.add_argument(
+        "--hostile-fraction",
+        type=float,
+        default=0.05,
+        help="share of submissions that are hostile raw starts (0.05)",
+    )
+    parser.add_argument(
+        "--largest",
+        type=int,
+        default=None,
+        help="jobs of 256 nodes, the spec's bound (default: 1 from 20 jobs, else 0)",
+    )
+    parser.add_argument(
         "--workers",
         type=int,
         default=1,
@@ -91,6 +110,12 @@ def parse(argv: list[str]) -> tuple[Options, Path | None]:
         parser.error("--workers must be at least 1")
     if args.postgres_url and args.database != "postgresql":
         parser.error("--postgres-url needs --database postgresql")
+    fractions = (args.cancel_fraction, args.run_fraction, args.hostile_fraction)
+    if not all(0 <= fraction <= 1 for fraction in fractions) or sum(fractions) > 1:
+        parser.error("the cancel, run and hostile fractions are shares of the jobs (0-1 in all)")
+    largest = args.largest if args.largest is not None else (1 if args.jobs >= 20 else 0)
+    if not 0 <= largest <= args.jobs:
+        parser.error("--largest must be between 0 and --jobs")
     options = Options(
         jobs=args.jobs,
         seed=args.seed,
@@ -106,6 +131,9 @@ def parse(argv: list[str]) -> tuple[Options, Path | None]:
         workers=args.workers,
         database=args.database,
         postgres_url=args.postgres_url,
+        run_fraction=args.run_fraction,
+        hostile_fraction=args.hostile_fraction,
+        largest=largest,
     )
     return options, args.out
 

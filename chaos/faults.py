@@ -86,6 +86,7 @@ class PlannedFault:
     rule: FaultRule
     job: str | None  # the job it targets; None for a global (plan/list) rule
     coverage: bool = False  # part of the every-kind deck
+    aid: bool = False  # makes a cancel point long enough to be seen (chaos/cancels.py)
 
     def describe(self) -> str:
         rule = self.rule
@@ -98,7 +99,8 @@ class PlannedFault:
         if rule.region:
             where += f" in {rule.region}"
         times = f" x{rule.times}" if rule.times else ""
-        return f"{what} at {rule.primitive} ({where}){times}"
+        aid = " (to see a cancel point)" if self.aid else ""
+        return f"{what} at {rule.primitive} ({where}){times}{aid}"
 
 
 @dataclass

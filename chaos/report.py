@@ -51,6 +51,8 @@ class JobOutcome:
     released: bool = False
     cancel: str | None = None  # what happened to the cancel sent to it, if any
     waiting_for: str | None = None
+    role: str = "lease"  # what the job is (chaos/mix.py)
+    notes: list[str] = field(default_factory=list)  # what the harness saw of it
 
 
 @dataclass
@@ -113,8 +115,10 @@ class Summary:
         parts += [f"{s} {n}" for s, n in sorted(states.items()) if s not in order]
         fired = f"{self.fault_rules_fired}/{self.fault_rules} rules fired"
         fired += f" on {self.fault_hits} call(s)"
+        kinds = Counter(job.role.split(";")[0] for job in self.jobs)
         return [
             f"jobs: {len(self.jobs)} submitted; by terminal state: {', '.join(parts) or 'none'}",
+            f"  by role: {_counts(kinds)}",
             f"faults: {fired}; planned by effect: {_counts(self.faults_by_effect)}",
             f"  fired by effect: {_counts(self.fired_by_effect)}",
             f"  fired by primitive: {_counts(self.fired_by_primitive)}",
@@ -163,6 +167,14 @@ class Summary:
         if reasons:
             lines.append("why jobs failed (first line of each job's error, counted):")
             lines += [f"  {n} x {reason}" for reason, n in reasons]
+        roles = [job for job in self.jobs if job.role != "lease" or job.notes or job.cancel]
+        if roles:
+            lines.append("jobs other than plain leases (role: what happened):")
+            for job in roles[:60]:
+                said = "; ".join(filter(None, [job.cancel and f"cancel {job.cancel}", *job.notes]))
+                lines.append(f"  {job.name} {job.state} ({job.role}): {said[:400] or '-'}")
+            if len(roles) > 60:
+                lines.append(f"  ... {len(roles) - 60} more (see --out)")
         if self.findings:
             lines.append("findings (not fatal on their own):")
             lines += [f"  - {finding}" for finding in self.findings]
@@ -206,15 +218,16 @@ class Summary:
             lines += [f"- {n} x `{reason}`" for reason, n in reasons]
         if self.jobs:
             lines += ["", "<details><summary>Every job</summary>", ""]
-            lines += ["| job | nodes | state | faults aimed at it | attempts | notes |"]
-            lines += ["|---|---|---|---|---|---|"]
+            lines += ["| job | role | nodes | state | faults aimed at it | attempts | notes |"]
+            lines += ["|---|---|---|---|---|---|---|"]
             for job in self.jobs:
                 notes = [f"cancel: {job.cancel}"] if job.cancel else []
                 if job.state == "failed":
                     notes.append(f"error: {_reason(job.error)}")
                 notes += [f"leak: {leak}" for leak in job.leaks]
+                notes += job.notes
                 lines.append(
-                    f"| {job.name} | {job.nodes} | {job.state} | "
+                    f"| {job.name} | {_cell(job.role)} | {job.nodes} | {job.state} | "
                     f"{_cell('; '.join(job.faults) or '-')} | "
                     f"{_cell('; '.join(job.attempts) or '-')} | {_cell('; '.join(notes) or '-')} |"
                 )

@@ -1,21 +1,25 @@
 """One chaos run, start to finish.
 
-1. Plan (all from the seed): job sizes and arrival times, which jobs get cancelled and when, the
-   fault rules, the disruption schedule (worker SIGKILLs and dev server restarts, at random
-   moments inside the arrival window) and every pause length.
+1. Plan (all from the seed, chaos/plan.py): job sizes, arrival times and roles (leases, jobs
+   that run, hostile starts, the largest job, cancel points: chaos/mix.py), the fault rules, the
+   disruption schedule (worker SIGKILLs and dev server restarts, at random moments inside the
+   arrival window) and every pause length.
 2. Start a Temporal dev server on a SQLite file, the control-plane API in this process, and the
    worker as a subprocess (its fake cloud's state in a file, simulated node agents on). With
    `--workers N`, N worker processes poll the task queue, each with a data dir of its own (as
    on separate hosts) and each killed on its own; with `--database postgresql` the workers and
    the API share a scratch PostgreSQL database (chaos/postgres.py) instead of a SQLite file.
-3. Submit the jobs as they arrive; release every job that reaches ready (cancelled jobs are
-   held until their cancel), cancel the chosen ones, and disrupt on schedule. The last job is
-   submitted only once every disruption is done, so all of them happen while jobs are running.
-   The worker is supervised: if it exits on its own it is restarted (and that is reported).
+3. Submit the jobs as they arrive (a hostile one as a raw start: chaos/hostile.py); release
+   every lease that reaches ready, cancel the chosen ones at their points (chaos/cancels.py),
+   play the nodes of the jobs that run (chaos/nodes.py), and disrupt on schedule. The last job
+   is submitted only once every disruption is done, so all of them happen while jobs are
+   running. The worker is supervised: if it exits on its own it is restarted (and that is
+   reported).
 4. Wait until every job is terminal, with a deadline; a job still open then fails the run.
 5. Calm the cloud (the worker restarts without fault rules), read every job's final status,
    snapshot the cloud's ledger, run ONE reconcile pass (the Reconcile workflow), snapshot again
-   and check.
+   and check (chaos/checks.py; the roles' verdicts: chaos/hostile.py, chaos/cancels.py,
+   chaos/runs.py).
 
 Every RPC the harness makes is retried across a server restart. Every process it started is
 stopped in `finally`, whatever happened.
@@ -25,8 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import random
 import shlex
 import shutil
 import sys
@@ -35,7 +37,6 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
@@ -43,10 +44,16 @@ from typing import Any, TypeVar
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError, RPCStatusCode
 
-from chaos.faults import FaultPlan, Timings, plan_faults, worker_config
+from chaos.cancels import cancel_at_point, judge_cancels
+from chaos.checks import leftovers, resolved_orphans, standard_checks
+from chaos.faults import FaultPlan, Timings, worker_config
+from chaos.hostile import judge_hostile, start_hostile
+from chaos.nodes import NodePlayer
+from chaos.plan import Disruption, JobRun, Options, job_spec, make_plan
 from chaos.postgres import ScratchPostgres
 from chaos.processes import DevServer, WorkerProcess
-from chaos.report import Check, JobOutcome, ResolvedOrphan, Summary
+from chaos.report import Check, JobOutcome, Summary
+from chaos.runs import judge_largest, judge_runs
 from chaos.stalls import THRESHOLD, JobTimes, find_stalls, stall_lines
 from chaos.workers import OTHER, tasks_by_worker
 from gpuprov import search_attributes
@@ -54,7 +61,7 @@ from gpuprov.api import create_app, serving
 from gpuprov.client import GpuprovClient, GpuprovError, JobAlreadyExists, JobHandle, JobNotFound
 from gpuprov.dev import free_port
 from gpuprov.engine import open_records
-from gpuprov.models import JobSpec, JobState, JobStatus
+from gpuprov.models import JobState
 from gpuprov.records import Records
 from providers.fake import FakeCloudState
 
@@ -80,118 +87,6 @@ CLOSED = {
 WATCH_INTERVAL = 1.0  # one visibility list call per interval for every job
 DESCRIBE_SWEEP = 10.0  # and a describe of each open job this often (visibility may lag)
 RECONCILE_TIMEOUT = timedelta(minutes=3)
-
-
-@dataclass(frozen=True)
-class Options:
-    jobs: int
-    seed: int
-    kills: int
-    server_restarts: int
-    window: float  # seconds over which jobs arrive (and disruptions happen)
-    deadline: float  # seconds after the last submission for every job to be terminal
-    provisioning_timeout: int
-    cancel_fraction: float = 0.1
-    density: float = 1.0  # fault rules per job (at least the coverage deck)
-    keep: bool = False
-    command: str = ""
-    workers: int = 1  # worker processes on the task queue, each killed on its own
-    database: str = "sqlite"  # or "postgresql": a scratch database (chaos/postgres.py)
-    postgres_url: str | None = None  # a server to make it on; None: the harness runs one
-
-
-@dataclass
-class JobRun:
-    name: str
-    nodes: int
-    arrive_at: float
-    cancel_after: float | None  # seconds after submission; None = released when ready
-    handle: JobHandle | None = None
-    submitted_at: float | None = None
-    released: bool = False
-    cancel: str | None = None
-    state: str | None = None  # terminal state once closed
-    last_seen: str = "not submitted"  # GpuprovState from the last look
-    final: JobStatus | None = None
-    error: str | None = None
-
-    @property
-    def workflow_id(self) -> str:
-        return f"job-{self.name}"
-
-
-@dataclass(frozen=True)
-class Disruption:
-    at: float  # seconds since the start of the arrivals
-    action: str  # kill_worker / restart_server
-    pause: float  # how long the process stays down
-    signal: str = "KILL"  # for restart_server: KILL or TERM
-    worker: int = 0  # for kill_worker: which worker process (0-based)
-
-
-@dataclass
-class Plan:
-    jobs: list[JobRun]
-    faults: FaultPlan
-    disruptions: list[Disruption]
-
-
-def make_plan(options: Options, timings: Timings) -> Plan:
-    rng = random.Random(options.seed)
-    names = [f"chaos-{i:04d}" for i in range(options.jobs)]
-    arrivals = sorted([0.0] + [rng.uniform(0, options.window) for _ in names[1:]])
-    cancels = 0
-    if options.cancel_fraction > 0 and options.jobs >= 3:
-        cancels = max(1, round(options.jobs * options.cancel_fraction))
-    cancelled = set(rng.sample(names, min(cancels, len(names))))
-    jobs = [
-        JobRun(
-            name=name,
-            nodes=rng.randint(1, 3),
-            arrive_at=arrive_at,
-            cancel_after=round(rng.uniform(0.5, 12.0), 2) if name in cancelled else None,
-        )
-        for name, arrive_at in zip(names, arrivals, strict=True)
-    ]
-    faults = plan_faults(rng, names, options.window, timings, options.density)
-    actions = ["kill_worker"] * options.kills + ["restart_server"] * options.server_restarts
-    rng.shuffle(actions)
-    moments = sorted(rng.uniform(0.1, 0.9) * options.window for _ in actions)
-    disruptions = []
-    restarts = 0
-    for at, action in zip(moments, actions, strict=True):
-        if action == "kill_worker":
-            disruptions.append(Disruption(at, action, round(rng.uniform(0.0, 2.0), 2)))
-        else:
-            # Alternate: the first restart SIGKILLs the server, the next one stops it cleanly.
-            sig = "KILL" if restarts % 2 == 0 else "TERM"
-            restarts += 1
-            disruptions.append(Disruption(at, action, round(rng.uniform(0.5, 3.0), 2), sig))
-    return Plan(jobs, faults, _target_workers(disruptions, options))
-
-
-def _target_workers(disruptions: list[Disruption], options: Options) -> list[Disruption]:
-    """Which worker each kill hits: every worker in turn, in a seeded order, so with at least as
-    many kills as workers each one dies at least once. Drawn apart from the rest of the plan,
-    so a one-worker run keeps the plan it always had for its seed."""
-    kills = [index for index, d in enumerate(disruptions) if d.action == "kill_worker"]
-    targets = [n % options.workers for n in range(len(kills))]
-    random.Random(f"{options.seed}/workers").shuffle(targets)
-    chosen = list(disruptions)
-    for index, target in zip(kills, targets, strict=True):
-        chosen[index] = dataclasses.replace(disruptions[index], worker=target)
-    return chosen
-
-
-def _job_spec(job: JobRun, options: Options) -> JobSpec:
-    return JobSpec.model_validate(
-        {
-            "name": job.name,
-            "nodes": job.nodes,
-            "resources": {"gpu": "H100", "gpus_per_node": 8},
-            "provisioning_timeout_seconds": options.provisioning_timeout,
-        }
-    )
 
 
 class ChaosRun:
@@ -232,6 +127,8 @@ class ChaosRun:
         self.arrivals_start = 0.0
         self._tasks: list[asyncio.Task[Any]] = []
         self._supervisor: asyncio.Future[Any] | None = None
+        self._starting: list[asyncio.Task[Any]] = []  # hostile starts (an impostor waits)
+        self.player: NodePlayer | None = None  # plays the nodes of the jobs that run
 
     # ------------------------------------------------------------------ helpers
 
@@ -267,6 +164,13 @@ class ChaosRun:
                 print(f"chaos: retrying {what}: {last[:160]}", file=sys.stderr, flush=True)
             await asyncio.sleep(pause)
             pause = min(pause * 2, 2.0)
+
+    def job_named(self, name: str) -> JobRun:
+        return next(job for job in self.plan.jobs if job.name == name)
+
+    def release_now(self, job: JobRun) -> None:
+        job.released = True
+        self._spawn(self._release(job), f"release {job.name}")
 
     @property
     def gpuprov(self) -> GpuprovClient:
@@ -364,10 +268,31 @@ class ChaosRun:
         self._supervisor = asyncio.ensure_future(self._supervise_worker())
         monkey = self._spawn(self._disrupt(), "monkey")
         submitter = self._spawn(self._submit_all(), "submitter")
+        self._play_nodes()
         await self._watch_until_terminal()
         for task in (monkey, submitter):
             if task.done() and not task.cancelled() and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
+
+    def _play_nodes(self) -> None:
+        """The nodes of the jobs that run, played through the database (chaos/nodes.py)."""
+        works = {job.name: job.role.work for job in self.plan.jobs if job.role.work is not None}
+        if not works:
+            return
+        assert self.records is not None and self.client is not None
+        client = self.client
+
+        def open_jobs() -> set[str]:
+            return {job.name for job in self.plan.jobs if job.submitted_at and not job.state}
+
+        async def wake(name: str) -> None:
+            handle = client.get_workflow_handle(f"job-{name}")
+            await self.retrying(f"wake {name}", lambda: handle.signal("workers_changed"), 60)
+
+        self.player = NodePlayer(
+            self.records.db, str(self.state_path), works, open_jobs, wake, self.event
+        )
+        self._spawn(self.player.run(), "nodes")
 
     # ------------------------------------------------------------------ disruptions
 
@@ -458,11 +383,17 @@ class ChaosRun:
                 await self.disruptions_done.wait()  # every disruption hits a running run
             await self._sleep_until(job.arrive_at)
             await self._submit(job)
+        for task in self._starting:  # an impostor starts once its real job is ready
+            with contextlib.suppress(Exception):
+                await task
         self.all_submitted.set()
         self.event(f"all {len(self.plan.jobs)} jobs submitted")
 
     async def _submit(self, job: JobRun) -> None:
-        spec = _job_spec(job, self.options)
+        if job.role.kind == "hostile":
+            self._starting.append(self._spawn(start_hostile(self, job), f"start {job.name}"))
+            return
+        spec = job_spec(job, self.options)
 
         async def submit() -> JobHandle:
             try:
@@ -472,27 +403,12 @@ class ChaosRun:
             except RuntimeError as error:  # the SDK's client is mid-reconnect
                 raise GpuprovError(str(error)) from None
 
+        job.submitted_wall = time.time()
         job.handle = await self.retrying(f"submit {job.name}", submit)
         job.submitted_at = time.monotonic()
         job.last_seen = "queued"
-        if job.cancel_after is not None:
-            self._spawn(self._cancel_later(job), f"cancel {job.name}")
-
-    async def _cancel_later(self, job: JobRun) -> None:
-        assert job.cancel_after is not None and job.handle is not None
-        await asyncio.sleep(job.cancel_after)
-        if job.state:
-            job.cancel = f"not sent: the job had already ended {job.state}"
-            return
-        handle = job.handle
-        try:
-            await self.retrying(f"cancel {job.name}", handle.cancel)
-            job.cancel = f"sent while {job.last_seen}"
-        except JobNotFound as error:
-            job.cancel = f"too late: {error}"
-        except Exception as error:  # reported, never fatal: the job still has to end
-            job.cancel = f"failed to send: {error}"
-        self.event(f"cancel {job.name}: {job.cancel}")
+        if job.role.cancel_at is not None:
+            self._spawn(cancel_at_point(self, job), f"cancel {job.name}")
 
     async def _release(self, job: JobRun) -> None:
         assert job.handle is not None
@@ -511,10 +427,8 @@ class ChaosRun:
                 job.state = CLOSED[status]
             return
         job.last_seen = state or job.last_seen
-        held = job.cancel_after is not None  # released by its cancel, not by us
-        if state == JobState.READY.value and not job.released and not held:
-            job.released = True
-            self._spawn(self._release(job), f"release {job.name}")
+        if state == JobState.READY.value and not job.released and not job.held:
+            self.release_now(job)
 
     async def _watch_until_terminal(self) -> None:
         assert self.client is not None
@@ -561,6 +475,8 @@ class ChaosRun:
         description = await self.client.get_workflow_handle(job.workflow_id).describe()
         state = description.typed_search_attributes.get(search_attributes.STATE)
         was = job.state
+        if description.close_time is not None:
+            job.closed_wall = description.close_time.timestamp()
         self._seen(job, description.status, state)
         if job.state and not was:
             self.event(f"{job.name} ended {job.state}")
@@ -593,12 +509,42 @@ class ChaosRun:
         summary.live_after = after["live"]
         summary.side_after = after["side"]
         summary.orphans_after = self._open_orphans()
-        summary.orphans_resolved = _resolved_orphans(
+        summary.orphans_resolved = resolved_orphans(
             orphan_vms, set(self._open_orphan_vms()), before, after
         )
         self._fault_stats()
-        self._checks(after, unrecorded)
+        last_seen = {job.name: job.last_seen for job in self.plan.jobs}
+        standard_checks(summary, after, unrecorded, last_seen, self._epoch_start())
+        await self._role_checks(before, orphan_vms, after)
         await self._check_every_worker_served()
+
+    async def _role_checks(
+        self, before: dict[str, Any], orphan_vms: list[str], after: dict[str, Any]
+    ) -> None:
+        """The hostile starts, the cancels, the jobs that run and the largest job."""
+        jobs, seed = self.plan.jobs, self.options.seed
+        left = leftovers([job.name for job in jobs], before, orphan_vms, after)
+        logs = self.player.logs if self.player is not None else {}
+        checks = [
+            judge_hostile(jobs, seed),
+            await judge_cancels(self, jobs, left),
+            judge_runs(jobs, logs, left, seed),
+            judge_largest(jobs, after["creates"], left, seed),
+        ]
+        self.summary.checks += [check for check in checks if check is not None]
+        if self.player is not None:
+            unfinished = await asyncio.to_thread(self.player.unfinished)
+            if unfinished:
+                self.summary.findings.append(
+                    f"{len(unfinished)} job(s) that run ended with work rows still unfinished "
+                    "(their machines are gone, the records say the work runs): "
+                    + "; ".join(
+                        f"{job} ({self.job_named(job).state}): {', '.join(rows)}"
+                        for job, rows in sorted(unfinished.items())
+                    )
+                )
+        for outcome, job in zip(self.summary.jobs, jobs, strict=True):
+            outcome.notes = job.problems + job.notes
 
     async def _collect_final_statuses(self) -> None:
         limit = asyncio.Semaphore(8)
@@ -633,6 +579,7 @@ class ChaosRun:
                     released=job.released,
                     cancel=job.cancel,
                     waiting_for=final.waiting_for if final else None,
+                    role=job.role.describe(),
                 )
             )
 
@@ -785,135 +732,11 @@ class ChaosRun:
 
     # ------------------------------------------------------------------ checks
 
-    def _checks(self, after: dict[str, Any], unrecorded: list[str]) -> None:
-        summary = self.summary
-        checks = summary.checks
-        jobs = {job.name: job for job in summary.jobs}
-        open_jobs = [job for job in summary.jobs if job.state in ("open", "not submitted")]
-        odd = [job for job in summary.jobs if job.state in ("terminated", "timed_out")]
-        states = summary.states()
-        checks.append(
-            Check(
-                "every job reached a terminal state",
-                not open_jobs and not odd,
-                f"{len(summary.jobs) - len(open_jobs)}/{len(summary.jobs)} ("
-                + ", ".join(f"{s} {n}" for s, n in sorted(states.items()))
-                + ")",
-                [
-                    f"seed {summary.seed}: {job.name} still {job.state} "
-                    f"(last: {self._job(job.name).last_seen}; waiting for: {job.waiting_for}); "
-                    f"faults: {job.faults or 'none'}"
-                    for job in open_jobs
-                ]
-                + [f"{job.name} ended {job.state} (the harness never does that)" for job in odd],
-            )
-        )
-        creates: dict[str, int] = after["creates"]
-        summary.vms = len(creates)
-        summary.creates_max = max(creates.values(), default=0)
-        duplicates = {vm: n for vm, n in creates.items() if n != 1}
-        rows = after["rows"]
-        checks.append(
-            Check(
-                "creates per VM identity (must be exactly 1)",
-                not duplicates,
-                f"{len(creates)} VM identities, "
-                + (f"{len(duplicates)} with more than one create" if duplicates else "all 1"),
-                [
-                    f"seed {summary.seed}: VM {vm} created {n} times: "
-                    + ", ".join(
-                        f"{r.id} at t+{r.created_at - self._epoch_start():.1f}s ({r.boot_mode})"
-                        for r in rows
-                        if r.vm == vm
-                    )
-                    + f"; job {_job_of(vm)} faults: {jobs.get(_job_of(vm), _no_job()).faults}"
-                    for vm, n in sorted(duplicates.items())
-                ],
-            )
-        )
-        checks.append(
-            Check(
-                "live instances after release and one reconcile pass (must be 0)",
-                not summary.live_after,
-                f"{len(summary.live_after)} "
-                f"(before the pass: {len(summary.live_before_reconcile)})",
-                [f"seed {summary.seed}: {line}" for line in summary.live_after],
-            )
-        )
-        checks.append(
-            Check(
-                "live side resources after one reconcile pass (must be 0)",
-                not summary.side_after,
-                f"{len(summary.side_after)} "
-                f"(before the pass: {len(summary.side_before_reconcile)})",
-                [f"seed {summary.seed}: {line}" for line in summary.side_after],
-            )
-        )
-        ran = summary.reconcile.startswith("ran")
-        checks.append(
-            Check(
-                "open orphans after one reconcile pass (must be 0)",
-                ran and not summary.orphans_after,
-                (f"{len(summary.orphans_after)}" if ran else summary.reconcile)
-                + f" (before the pass: {len(summary.orphans_before_reconcile)})",
-                [f"seed {summary.seed}: {line}" for line in summary.orphans_after]
-                + ([] if ran else [summary.reconcile]),
-            )
-        )
-        checks.append(
-            Check(
-                "disruptions done as planned (worker SIGKILLs, dev server restarts >= 1)",
-                summary.kills_done == summary.kills_requested
-                and summary.restarts_done == summary.restarts_requested
-                and summary.restarts_done >= 1,
-                f"kills {summary.kills_done}/{summary.kills_requested}, "
-                f"server restarts {summary.restarts_done}/{summary.restarts_requested}",
-            )
-        )
-        # Findings: worth reading, not fatal by themselves.
-        for vm in unrecorded:
-            job = jobs.get(_job_of(vm), _no_job())
-            summary.findings.append(
-                f"{vm} was still running when every job had ended, with no orphan record "
-                f"(only a listing reconciler can find it); job {job.name} ended {job.state}, "
-                f"leaks {job.leaks or 'none'}, faults {job.faults or 'none'}"
-            )
-        for job in summary.jobs:
-            if job.cancel and job.cancel.startswith("sent") and job.state == "failed":
-                summary.findings.append(
-                    f"{job.name} was cancelled ({job.cancel}) but ended failed, not cancelled: "
-                    f"{_first_line(job.error)}"
-                )
-        leaky = [job for job in summary.jobs if job.leaks]
-        if leaky:
-            summary.findings.append(
-                f"{len(leaky)} job(s) reported teardown leaks (each should be an orphan record "
-                "that the reconcile pass resolves): "
-                + "; ".join(f"{job.name} ({job.state}): {' / '.join(job.leaks)}" for job in leaky)
-            )
-
     def _job(self, name: str) -> JobRun:
         return next(job for job in self.plan.jobs if job.name == name)
 
     def _epoch_start(self) -> float:
         return time.time() - (time.monotonic() - self.started)
-
-
-def _resolved_orphans(
-    open_before: list[str], open_after: set[str], before: dict[str, Any], after: dict[str, Any]
-) -> list[ResolvedOrphan]:
-    """Each orphan record the pass closed, with what the ledger showed of its VM before and
-    after the pass."""
-    return [
-        ResolvedOrphan(
-            vm=vm,
-            machines_before=tuple(before["live_ids"].get(vm, ())),
-            side_before=vm in before["side_vms"],
-            gone_after=vm not in after["live_vms"] and vm not in after["side_vms"],
-        )
-        for vm in open_before
-        if vm not in open_after
-    ]
 
 
 def _worker_processes(count: int, config: Path, data_dir: Path) -> list[WorkerProcess]:
@@ -952,19 +775,6 @@ def _waits_line(times: list[JobTimes], timed_out: set[str]) -> str:
         mean = sum(t.wft_wait for t in late) / len(late)
         line += f"; the {len(late)} job(s) that hit their provisioning timeout: mean {mean:.1f}s"
     return line
-
-
-def _first_line(text: str | None) -> str:
-    return (text or "no error recorded").strip().splitlines()[0][:300]
-
-
-def _job_of(vm: str) -> str:
-    """`chaos-0007-a1-n0-abc123` -> `chaos-0007`."""
-    return vm.split("-a", 1)[0] if vm.startswith("chaos-") else vm
-
-
-def _no_job() -> JobOutcome:
-    return JobOutcome(name="(unknown)", nodes=0, state="unknown", faults=[])
 
 
 def _report_type() -> Any:

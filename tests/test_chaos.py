@@ -1,19 +1,22 @@
-"""The chaos harness (chaos/, docs/reliability.md) in its small CI configuration: 6 jobs with the
-every-kind fault deck, one worker SIGKILL, one dev server restart, one reconcile pass.
+"""The chaos harness (chaos/, docs/reliability.md) in its small CI configuration: 8 jobs with the
+every-kind fault deck, one worker SIGKILL, one dev server restart, one reconcile pass; among the
+jobs a hostile raw start (an impostor named like a real job), two jobs that run (one has a node
+killed with a restart left, one a node that exits 3) and two cancels at chosen points.
 
 It runs as a subprocess, as `make chaos` does: its own Temporal dev server on a database file,
 its own worker process, its own API. Only outcomes are asserted (exit status, the summary's
 verdict lines and the cloud's ledger), never durations.
 
-Seed 5043 is chosen so that every rule of the deck can fire whatever the interleaving: the
-global plan rule is Transient (a retried plan, not a failed job), no job has a prepare failure
-that would stop its create rules, and the cancelled job arrives after the disruptions. Coverage
-is asserted from the rules that FIRED (the cloud's ledger), never from the plan. An
-InvalidRequest on chaos-0003's teardown observe leaves its machines as recorded orphans: the
-ledger shows them live before the reconcile pass and gone after it.
+Seed 2261 is chosen so that every rule of the deck can fire whatever the interleaving: the
+global plan rule is Transient (a retried plan, not a failed job), no job has two rules on its
+first create or a prepare failure that would stop a create rule, and the cancels are at points
+a job reaches after its creates (registering and releasing). The killed job and the impostor's
+real job have no rule that aborts them, so the kill and the impostor happen. Coverage is
+asserted from the rules that FIRED (the cloud's ledger), never from the plan. A Credentials
+fault on chaos-0004's teardown observe leaves its machines as recorded orphans: the ledger shows
+them live before the reconcile pass and gone after it.
 
-Usually about a minute; if the kill happens to strand a non-heartbeating activity (prepare,
-cleanup, delete, plan) the job waits out its start-to-close timeout, so the deadline is wide.
+Usually about 30-60 s; the deadline is wide for a machine that is busy.
 """
 
 from __future__ import annotations
@@ -23,11 +26,22 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any, cast
 
+from chaos.__main__ import parse
+from chaos.faults import Timings
+from chaos.mix import Role, Work
+from chaos.nodes import WorkLog
+from chaos.plan import JobRun, make_plan
+from chaos.runs import judge_runs
+from gpuprov.models import JobState, JobStatus
 from providers.fake import FakeCloudState
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = ["--jobs", "6", "--seed", "5043", "--kills", "1", "--server-restarts", "1"]
+SMALL = [
+    *("--jobs", "8", "--seed", "2261", "--kills", "1", "--server-restarts", "1"),
+    *("--cancel-fraction", "0.25", "--run-fraction", "0.25", "--hostile-fraction", "0.125"),
+]
 
 
 def _line(summary: str, label: str) -> str:
@@ -35,6 +49,33 @@ def _line(summary: str, label: str) -> str:
     found = re.search(rf"^\s*{re.escape(label)}(.*)$", summary, re.M)
     assert found, f"no line {label!r} in the summary"
     return found.group(1)
+
+
+def test_the_ci_plan_has_every_role() -> None:
+    """What the seed gives the CI run: a hostile impostor, a kill with a restart left, a
+    non-zero exit, and two cancels at points reached after the creates."""
+    options, _ = parse(SMALL)
+    roles = {job.name: job.role for job in make_plan(options, Timings()).jobs}
+    assert roles["chaos-0007"].impersonates == "chaos-0005"
+    assert roles["chaos-0000"].work == Work("kill", rank=0, after=3.57, max_restarts=1)
+    work = roles["chaos-0001"].work
+    assert work is not None and (work.ending, work.code) == ("exit", 3)
+    assert {roles["chaos-0004"].cancel_at, roles["chaos-0006"].cancel_at} == {
+        "releasing",
+        "registering",
+    }
+
+
+def test_a_run_verdict_fails_a_killed_job_that_ran_its_work_once() -> None:
+    """The check can fail: a job killed with a restart left that completed with its work
+    started only once breaks the promise."""
+    job = JobRun("chaos-0000", 1, 0.0, role=Role("run", work=Work("kill", max_restarts=1)))
+    job.handle, job.state = cast(Any, object()), "completed"
+    job.final = JobStatus(name=job.name, state=JobState.COMPLETED)
+    log = WorkLog(starts=[(0, 0)], kill=(0, 0, "chaos-0000-a1-n0-abc123", ("fake-i-1",)))
+    check = judge_runs([job], {job.name: log}, {}, seed=1)
+    assert check is not None and not check.ok
+    assert any("not twice each" in line for line in check.detail), check.detail
 
 
 def test_small_chaos_run_keeps_every_promise(tmp_path: Path) -> None:
@@ -52,6 +93,7 @@ def test_small_chaos_run_keeps_every_promise(tmp_path: Path) -> None:
         assert run.returncode == 0, f"{summary}\n--- stderr (tail) ---\n{run.stderr[-4000:]}"
         assert kept, summary
         _assert_summary(summary)
+        _assert_roles(summary, run.stderr)
         _assert_orphans_were_live_then_gone(summary, Path(kept.group(1)))
     finally:
         if kept:
@@ -64,7 +106,7 @@ def test_small_chaos_run_keeps_every_promise(tmp_path: Path) -> None:
 
 def _assert_summary(summary: str) -> None:
     assert "RESULT: PASS" in summary
-    assert "[PASS] every job reached a terminal state: 6/6" in summary
+    assert "[PASS] every job reached a terminal state: 8/8" in summary
     assert "[PASS] creates per VM identity (must be exactly 1):" in summary
     assert "[PASS] live instances after release and one reconcile pass (must be 0): 0" in summary
     assert "[PASS] live side resources after one reconcile pass (must be 0): 0" in summary
@@ -84,6 +126,22 @@ def _assert_summary(summary: str) -> None:
     for kind in ("Transient", "Capacity", "Quota", "Unavailable", "Failed", "InvalidRequest"):
         assert f"{kind} " in kinds
     assert "Credentials " in kinds
+
+
+def _assert_roles(summary: str, progress: str) -> None:
+    """The hostile start, the cancels and the jobs that run kept their promises, and each
+    happened as planned (not merely "nothing went wrong because nothing happened")."""
+    hostile = _line(summary, "[PASS] hostile starts: ")
+    assert "impostor named chaos-0005 under job-chaos-0007" in hostile, hostile
+    assert "an impostor failed while it was ready" in _line(summary, "chaos-0005 completed")
+    cancels = _line(summary, "[PASS] cancels at chosen points: ")
+    points = re.search(r"sent at: ([^;]*);", cancels)
+    assert points and len(points.group(1).split(", ")) >= 2, cancels
+    assert "outcomes: cancelled 2" in cancels, cancels
+    runs = _line(summary, "[PASS] jobs that run: ")
+    assert "killed, restarted on another offer 1" in runs, runs
+    assert "node 0 exited 3 1" in runs, runs
+    assert "killed node 0 of chaos-0000" in progress
 
 
 def _assert_orphans_were_live_then_gone(summary: str, run_dir: Path) -> None:

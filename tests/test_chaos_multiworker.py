@@ -11,7 +11,7 @@ from pathlib import Path
 
 from chaos.__main__ import parse
 from chaos.faults import Timings
-from chaos.run import make_plan
+from chaos.plan import make_plan
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--jobs", "4", "--seed", "12", "--kills", "2", "--server-restarts", "1"]

@@ -1,0 +1,169 @@
+"""The checks every chaos run makes (see docs/reliability.md, "What is checked"), from the
+final statuses and the cloud's ledger after the reconcile pass, and what each job left live."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chaos.report import Check, JobOutcome, ResolvedOrphan, Summary
+
+
+def leftovers(
+    names: list[str], before: dict[str, Any], orphan_vms: list[str], after: dict[str, Any]
+) -> dict[str, list[str]]:
+    """job -> what it left live: a machine or side resource live before the reconcile pass with
+    no orphan record naming it (its teardown missed it and did not say so), or anything live
+    after the pass."""
+    recorded = set(orphan_vms)
+    left: dict[str, list[str]] = {}
+    for when, ledger in (("before the pass", before), ("after the pass", after)):
+        for vm in sorted(set(ledger["live_vms"]) | set(ledger["side_vms"])):
+            if when == "before the pass" and vm in recorded:
+                continue
+            job = _job_of(vm)
+            if job in names:
+                left.setdefault(job, []).append(f"{vm} live {when}")
+    return left
+
+
+def standard_checks(
+    summary: Summary,
+    after: dict[str, Any],
+    unrecorded: list[str],
+    last_seen: dict[str, str],
+    epoch_start: float,
+) -> None:
+    """The checks every run makes (appended to `summary.checks`), and the findings worth
+    reading beside them."""
+    checks = summary.checks
+    jobs = {job.name: job for job in summary.jobs}
+    open_jobs = [job for job in summary.jobs if job.state in ("open", "not submitted")]
+    odd = [job for job in summary.jobs if job.state in ("terminated", "timed_out")]
+    states = summary.states()
+    checks.append(
+        Check(
+            "every job reached a terminal state",
+            not open_jobs and not odd,
+            f"{len(summary.jobs) - len(open_jobs)}/{len(summary.jobs)} ("
+            + ", ".join(f"{s} {n}" for s, n in sorted(states.items()))
+            + ")",
+            [
+                f"seed {summary.seed}: {job.name} still {job.state} "
+                f"(last: {last_seen.get(job.name)}; waiting for: {job.waiting_for}); "
+                f"faults: {job.faults or 'none'}"
+                for job in open_jobs
+            ]
+            + [f"{job.name} ended {job.state} (the harness never does that)" for job in odd],
+        )
+    )
+    creates: dict[str, int] = after["creates"]
+    summary.vms = len(creates)
+    summary.creates_max = max(creates.values(), default=0)
+    duplicates = {vm: n for vm, n in creates.items() if n != 1}
+    rows = after["rows"]
+    checks.append(
+        Check(
+            "creates per VM identity (must be exactly 1)",
+            not duplicates,
+            f"{len(creates)} VM identities, "
+            + (f"{len(duplicates)} with more than one create" if duplicates else "all 1"),
+            [
+                f"seed {summary.seed}: VM {vm} created {n} times: "
+                + ", ".join(
+                    f"{r.id} at t+{r.created_at - epoch_start:.1f}s ({r.boot_mode})"
+                    for r in rows
+                    if r.vm == vm
+                )
+                + f"; job {_job_of(vm)} faults: {jobs.get(_job_of(vm), _no_job()).faults}"
+                for vm, n in sorted(duplicates.items())
+            ],
+        )
+    )
+    checks.append(
+        Check(
+            "live instances after release and one reconcile pass (must be 0)",
+            not summary.live_after,
+            f"{len(summary.live_after)} (before the pass: {len(summary.live_before_reconcile)})",
+            [f"seed {summary.seed}: {line}" for line in summary.live_after],
+        )
+    )
+    checks.append(
+        Check(
+            "live side resources after one reconcile pass (must be 0)",
+            not summary.side_after,
+            f"{len(summary.side_after)} (before the pass: {len(summary.side_before_reconcile)})",
+            [f"seed {summary.seed}: {line}" for line in summary.side_after],
+        )
+    )
+    ran = summary.reconcile.startswith("ran")
+    checks.append(
+        Check(
+            "open orphans after one reconcile pass (must be 0)",
+            ran and not summary.orphans_after,
+            (f"{len(summary.orphans_after)}" if ran else summary.reconcile)
+            + f" (before the pass: {len(summary.orphans_before_reconcile)})",
+            [f"seed {summary.seed}: {line}" for line in summary.orphans_after]
+            + ([] if ran else [summary.reconcile]),
+        )
+    )
+    checks.append(
+        Check(
+            "disruptions done as planned (worker SIGKILLs, dev server restarts >= 1)",
+            summary.kills_done == summary.kills_requested
+            and summary.restarts_done == summary.restarts_requested
+            and summary.restarts_done >= 1,
+            f"kills {summary.kills_done}/{summary.kills_requested}, "
+            f"server restarts {summary.restarts_done}/{summary.restarts_requested}",
+        )
+    )
+    # Findings: worth reading, not fatal by themselves.
+    for vm in unrecorded:
+        job = jobs.get(_job_of(vm), _no_job())
+        summary.findings.append(
+            f"{vm} was still running when every job had ended, with no orphan record "
+            f"(only a listing reconciler can find it); job {job.name} ended {job.state}, "
+            f"leaks {job.leaks or 'none'}, faults {job.faults or 'none'}"
+        )
+    for job in summary.jobs:
+        if job.cancel and job.cancel.startswith("sent") and job.state == "failed":
+            summary.findings.append(
+                f"{job.name} was cancelled ({job.cancel}) but ended failed, not cancelled: "
+                f"{_first_line(job.error)}"
+            )
+    leaky = [job for job in summary.jobs if job.leaks]
+    if leaky:
+        summary.findings.append(
+            f"{len(leaky)} job(s) reported teardown leaks (each should be an orphan record "
+            "that the reconcile pass resolves): "
+            + "; ".join(f"{job.name} ({job.state}): {' / '.join(job.leaks)}" for job in leaky)
+        )
+
+
+def resolved_orphans(
+    open_before: list[str], open_after: set[str], before: dict[str, Any], after: dict[str, Any]
+) -> list[ResolvedOrphan]:
+    """Each orphan record the pass closed, with what the ledger showed of its VM before and
+    after the pass."""
+    return [
+        ResolvedOrphan(
+            vm=vm,
+            machines_before=tuple(before["live_ids"].get(vm, ())),
+            side_before=vm in before["side_vms"],
+            gone_after=vm not in after["live_vms"] and vm not in after["side_vms"],
+        )
+        for vm in open_before
+        if vm not in open_after
+    ]
+
+
+def _first_line(text: str | None) -> str:
+    return (text or "no error recorded").strip().splitlines()[0][:300]
+
+
+def _job_of(vm: str) -> str:
+    """`chaos-0007-a1-n0-abc123` -> `chaos-0007`."""
+    return vm.split("-a", 1)[0] if vm.startswith("chaos-") else vm
+
+
+def _no_job() -> JobOutcome:
+    return JobOutcome(name="(unknown)", nodes=0, state="unknown", faults=[])

@@ -1,0 +1,167 @@
+"""Which job is which, drawn from the seed: leases, jobs that run (and how their nodes end),
+hostile raw starts, the largest job, and the point at which each cancelled job is cancelled.
+
+- A **lease** (no `run`) is released as soon as it is ready.
+- A job that **runs** has `run`, `recovery.max_restarts` 0 or 1 and a 2 s health-check interval;
+  the harness plays its nodes (chaos/nodes.py) and ends the work as its `Work` says: every node
+  exits 0, one node exits with a chosen non-zero code, or one node is killed mid-run (its
+  machine preempted in the cloud's ledger, and it never reports again).
+- A **hostile** start is a raw `ProvisionJob` start with input no job may accept
+  (chaos/hostile.py); the first one of a run is an impostor named like a real job of the run.
+- The **largest** job asks for the spec's bound of nodes (256), with a provisioning timeout
+  of 900 s.
+- A **cancelled** job is cancelled when its status first shows its cancel point
+  (chaos/cancels.py): cancels are dealt over every point in shuffled rounds, so a run with
+  eight of them cancels once in each state.
+
+The first job that runs has a node killed with a restart left, the next ones a non-zero exit,
+a kill without a restart left and exits 0 (then shuffled rounds); the first hostile start is
+the impostor.
+
+The draws come from a generator of their own: a seed's sizes, arrival times and disruptions
+do not depend on the mix, and its fault rules only in that none is aimed at a hostile start.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Literal
+
+from chaos.cancels import POINTS
+from chaos.hostile import CASES, IMPOSTOR
+
+LARGEST_NODES = 256  # JobSpec.nodes' bound
+# Its machines are torn down one after another (a failed attempt's, and at release): minutes for
+# 256 nodes on a loaded machine, so a first attempt that fails would use up the usual timeout.
+LARGEST_PROVISIONING_TIMEOUT = 900
+RUN_HEALTH_INTERVAL = 2  # seconds: a killed node is found by the job's next health check
+EXIT_CODES = (1, 2, 3, 7, 42, 137)
+
+Ending = Literal["exit", "kill", "until_stopped"]
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a job's nodes do with their work (chaos/nodes.py plays it)."""
+
+    ending: Ending
+    rank: int = 0  # the node whose exit or kill decides the run
+    code: int = 0  # its exit code (0: every node exits 0)
+    after: float = 2.0  # seconds the work runs before that happens
+    max_restarts: int = 0
+
+    def describe(self) -> str:
+        restarts = f"max_restarts {self.max_restarts}"
+        if self.ending == "until_stopped":
+            return f"runs until stopped ({restarts})"
+        if self.ending == "kill":
+            return f"node {self.rank} killed after {self.after:g}s ({restarts})"
+        if self.code:
+            return f"node {self.rank} exits {self.code} after {self.after:g}s ({restarts})"
+        return f"every node exits 0 after {self.after:g}s ({restarts})"
+
+
+@dataclass(frozen=True)
+class Role:
+    kind: Literal["lease", "run", "hostile", "largest"] = "lease"
+    work: Work | None = None  # for kind run
+    cancel_at: str | None = None  # a cancel point (chaos/cancels.py POINTS)
+    hostile: str | None = None  # a hostile case (chaos/hostile.py CASES)
+    impersonates: str | None = None  # the impostor's real job: the name its spec carries
+
+    def describe(self) -> str:
+        parts = [self.kind]
+        if self.work is not None:
+            parts.append(self.work.describe())
+        if self.hostile is not None:
+            parts.append(self.hostile)
+        if self.impersonates is not None:
+            parts.append(f"named {self.impersonates}")
+        if self.cancel_at is not None:
+            parts.append(f"cancel at {self.cancel_at}")
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
+class Mix:
+    cancel_fraction: float = 0.1
+    run_fraction: float = 0.25
+    hostile_fraction: float = 0.05
+    largest: int = 0  # jobs of LARGEST_NODES nodes
+
+
+def _share(fraction: float, jobs: int) -> int:
+    """round(jobs * fraction), at least one when the fraction is not 0 and jobs >= 3."""
+    if fraction <= 0:
+        return 0
+    return max(1 if jobs >= 3 else 0, round(jobs * fraction))
+
+
+class _Deck:
+    """Cards dealt in rounds, each a shuffle of every card; with `first_as_given` the first
+    round is dealt in the order given (so a run with one card gets the first)."""
+
+    def __init__(self, rng: random.Random, cards: list[object], first_as_given: bool) -> None:
+        self.rng, self.cards, self.left = rng, cards, list(reversed(cards))
+        if not first_as_given:
+            rng.shuffle(self.left)
+
+    def deal(self) -> object:
+        if not self.left:
+            self.left = list(self.cards)
+            self.rng.shuffle(self.left)
+        return self.left.pop()
+
+
+def assign_roles(seed: int, names: list[str], nodes: list[int], mix: Mix) -> list[Role]:
+    """One role per job, in the order of `names` (which is the order of arrival)."""
+    rng = random.Random(f"{seed}/mix")
+    count = len(names)
+    roles: dict[int, Role] = {}
+    free = list(range(count))
+
+    def take(how_many: int, pool: list[int]) -> list[int]:
+        chosen = sorted(rng.sample(pool, min(how_many, len(pool))))
+        for index in chosen:
+            free.remove(index)
+        return chosen
+
+    # The largest job arrives in the first half of the window, while disruptions happen.
+    middle = [i for i in free if count // 5 <= i <= max(count // 2, count // 5)]
+    for index in take(mix.largest, middle or free):
+        roles[index] = Role("largest")
+    cancels = _Deck(rng, list(POINTS), first_as_given=False)
+    for index in take(_share(mix.cancel_fraction, count), free):
+        point = str(cancels.deal())
+        if point == "running":
+            work = Work("until_stopped", max_restarts=rng.choice((0, 1)))
+            roles[index] = Role("run", work=work, cancel_at=point)
+        else:
+            roles[index] = Role("lease", cancel_at=point)
+    hostile = take(_share(mix.hostile_fraction, count), free)
+    works = _Deck(rng, ["kill-restart", "exit-code", "kill-last", "exit-0"], first_as_given=True)
+    for index in take(_share(mix.run_fraction, count), free):
+        roles[index] = Role("run", work=_work(rng, str(works.deal()), nodes[index]))
+    leases = [i for i in free if i not in roles]  # plain leases: an impostor's real job
+    cases = _Deck(rng, [IMPOSTOR, *sorted(set(CASES) - {IMPOSTOR})], first_as_given=True)
+    for index in hostile:
+        case = str(cases.deal())
+        target = None
+        while case == IMPOSTOR and not leases:  # nobody to impersonate
+            case = str(cases.deal())
+        if case == IMPOSTOR:
+            target = names[rng.choice(leases)]
+        roles[index] = Role("hostile", hostile=case, impersonates=target)
+    return [roles.get(index, Role()) for index in range(count)]
+
+
+def _work(rng: random.Random, card: str, nodes: int) -> Work:
+    rank = rng.randrange(nodes)
+    after = round(rng.uniform(1.0, 4.0), 2)
+    if card == "kill-restart":
+        return Work("kill", rank=rank, after=after, max_restarts=1)
+    if card == "kill-last":
+        return Work("kill", rank=rank, after=after, max_restarts=0)
+    code = rng.choice(EXIT_CODES) if card == "exit-code" else 0
+    return Work("exit", rank=rank, code=code, after=after, max_restarts=rng.choice((0, 1)))
