@@ -24,6 +24,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.bootstrap import AGENT_FILE, node_client_key, node_host_key_trust, remote_dir
+from activities.heartbeat import Heartbeater
 from activities.redaction import scrubbed
 from activities.ssh_connect import Endpoint, HostKeyMismatch, connect_verified
 from activities.ssh_keys import KeyStore
@@ -58,6 +59,12 @@ class NodesHealthInput(Model):
     checks: list[HealthInput] = Field(min_length=1)
 
 
+class CheckProgress(Model):
+    """What a job's health check heartbeats with: how many nodes it is checking."""
+
+    nodes: int
+
+
 MAX_PARALLEL_CHECKS = 16
 
 
@@ -80,7 +87,9 @@ class HealthActivities:
     @activity.defn(name="check_nodes")
     async def check_nodes(self, request: NodesHealthInput) -> list[HealthReport]:
         """Every node of a job in one activity (a job's periodic check adds the same few events
-        to its history whatever its node count), at most 16 probes at once."""
+        to its history whatever its node count), at most 16 probes at once. It heartbeats: a
+        worker killed mid-check is noticed within the heartbeat timeout, not after the whole
+        start-to-close (the job waits on this check before it looks at anything else)."""
         gate = asyncio.Semaphore(MAX_PARALLEL_CHECKS)
         rows = await asyncio.to_thread(self._records.get_vms, [c.vm for c in request.checks])
 
@@ -92,7 +101,8 @@ class HealthActivities:
                     said = _finding(Severity.WARN, "check_failed", failure.message)
                     return HealthReport(vm=check.vm, verdict=Verdict.DEGRADED, findings=[said])
 
-        return list(await asyncio.gather(*(one(check) for check in request.checks)))
+        async with Heartbeater(CheckProgress(nodes=len(request.checks)), beat_at_start=False):
+            return list(await asyncio.gather(*(one(check) for check in request.checks)))
 
     async def _check(self, request: HealthInput, row: VmRecord | None) -> HealthReport:
         diagnosis = await self._diagnose(request.vm, row)

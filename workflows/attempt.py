@@ -108,7 +108,11 @@ class AttemptSaga:
         """The node's one undo: retire deletes whatever carries the identity (nothing, if
         create never ran) and cleans up the side resources that prepare made."""
         self.stack.push(
-            Compensation(name=f"tear down {node.vm}", run=lambda: teardown.retire(node, self.hints))
+            Compensation(
+                name=f"tear down {node.vm}",
+                run=lambda: teardown.retire(node, self.hints),
+                group=f"attempt {self.attempt.number}",
+            )
         )
 
     async def _launch(self, spec: InstanceSpec, node: NodeInstance) -> None:

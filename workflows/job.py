@@ -138,6 +138,7 @@ class ProvisionJob:
             # outside any attempt: the policy fails the job, which releases what it holds.
             if self._status.state in (JobState.QUEUED, JobState.PROVISIONING):
                 metrics.provisioning_seconds("failed")
+            await self._stop_work()
             await self._unwind()  # nothing is left by now unless placed; kept as a guarantee
             await self._free_workers()
             self._fail(str(failure))
@@ -199,7 +200,11 @@ class ProvisionJob:
     def _push_retire(self, node: NodeInstance) -> None:
         hints = self._capabilities[node.provider]
         self._stack.push(
-            Compensation(name=f"tear down {node.vm}", run=lambda: teardown.retire(node, hints))
+            Compensation(
+                name=f"tear down {node.vm}",
+                run=lambda: teardown.retire(node, hints),
+                group=f"attempt {node.attempt}",
+            )
         )
 
     # ------------------------------------------------------------------ 2-4. place
@@ -440,12 +445,15 @@ class ProvisionJob:
         try:
             await run_step(WorkActivities.stop_work, epoch)
             deadline = workflow.now() + STOP_WAIT
+            silent = running.unreachable(self._status.workers, self._status.health)
             while workflow.now() < deadline:
                 self._changed = False
                 self._status.work = await run_step(WorkActivities.work_state, epoch)
-                if running.settled(self._status.work):
-                    return
+                if running.settled([w for w in self._status.work if w.worker_id not in silent]):
+                    break
                 await _until(lambda: self._changed, STOP_RECHECK.total_seconds())
+            # What has not said it ended (a lost node's part) is given up: never started again.
+            await run_step(WorkActivities.abandon_work, epoch)
         except StepFailure as failure:
             self._status.leaks.append(f"stopping the work: {failure}")
 

@@ -153,6 +153,15 @@ def lost(workers: list[WorkerLiveness]) -> dict[str, str]:
     return reasons
 
 
+def unreachable(workers: list[WorkerLiveness], health: list[HealthReport]) -> set[str]:
+    """Workers that cannot be expected to report their work stopped: silent or unhealthy
+    agents, and the workers of machines the cloud reports gone or unhealthy."""
+    silent = set(lost(workers))
+    broken = {r.vm for r in health if r.verdict in (Verdict.GONE, Verdict.UNHEALTHY)}
+    silent |= {w.worker_id for w in workers if w.vm is not None and w.vm in broken}
+    return silent
+
+
 def failure_message(node: NodeWork) -> str:
     where = node.vm or f"worker {node.worker_id}"
     lines = (node.tail or "").rstrip("\n").splitlines()[-MAX_TAIL_LINES:]
