@@ -16,6 +16,7 @@ outage says nothing about the cloud's offer.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 
@@ -97,11 +98,17 @@ class RegistrationBoard:
 
 class ControlPlaneProbe:
     """Whether the API answers its health endpoint with ok; asked at most once per interval
-    by all waits of a worker (the answer is shared)."""
+    by all waits of a worker (the answer is shared). `ca_pem`: the private CA the nodes pin for
+    an https API (`[api] ca_file`), trusted here too."""
 
-    def __init__(self, api_url: str, interval: float = HEALTH_INTERVAL) -> None:
+    def __init__(
+        self, api_url: str, interval: float = HEALTH_INTERVAL, ca_pem: str | None = None
+    ) -> None:
         self._api_url = api_url
         self._interval = interval
+        self._verify: ssl.SSLContext | bool = (
+            ssl.create_default_context(cadata=ca_pem) if ca_pem else True
+        )
         self._checked_at = float("-inf")
         self._outage: str | None = None
         self._lock = asyncio.Lock()
@@ -117,7 +124,7 @@ class ControlPlaneProbe:
 
     async def _probe(self) -> str | None:
         try:
-            async with httpx.AsyncClient(timeout=HEALTH_TIMEOUT) as http:
+            async with httpx.AsyncClient(timeout=HEALTH_TIMEOUT, verify=self._verify) as http:
                 response = await http.get(f"{self._api_url.rstrip('/')}/v1/health")
         except httpx.HTTPError as error:
             return f"the control-plane API at {self._api_url} did not answer: {error!r}"
@@ -134,9 +141,10 @@ class RegistrationActivities:
         *,
         read_interval: float = READ_INTERVAL,
         probe: Callable[[], Awaitable[str | None]] | None = None,
+        api_ca_pem: str | None = None,
     ) -> None:
         self._board = RegistrationBoard(records, read_interval)
-        self._outage = probe or ControlPlaneProbe(api_url).outage
+        self._outage = probe or ControlPlaneProbe(api_url, ca_pem=api_ca_pem).outage
         self._read_interval = read_interval
 
     def all(self) -> list[object]:

@@ -155,7 +155,7 @@ def build_worker(
             *over_ssh,
             *store.all(),
             *JobContextActivities(cloud, store).all(),
-            *RegistrationActivities(records, api_url).all(),
+            *RegistrationActivities(records, api_url, api_ca_pem=api_ca_pem).all(),
             *WorkActivities(WorkRecords(records.db)).all(),
             # The reconciler asks Temporal (through this worker's client) which jobs are live.
             *ReconcileActivities(providers, records, client).all(),
