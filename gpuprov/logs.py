@@ -5,6 +5,8 @@
     LogRecords.chunks(job, after, node, limit)       GET /v1/jobs/{job}/logs, `gpuprov logs`,
                                                      GpuprovClient.logs: in arrival order
     Lines                                            chunks -> LogLine, one per line of output
+    read_lines(database_url, job, node, running)     the lines, read on while `running()` says
+                                                     the job runs (`gpuprov logs --follow`)
 
 A node's agent sends its chunks one at a time and in order, so arrival order (the id) is each
 node's own order. A job keeps at most `[jobs] log_cap_bytes` of output: past that its oldest
@@ -15,7 +17,8 @@ costs one row's update rather than a sum over every chunk of the job.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import datetime
 from typing import Any
 
@@ -30,7 +33,8 @@ from providers.base import Model
 NOTE_STREAM = "gpuprov"  # the control plane's own words in a job's output
 NOTE_SEQ = -1  # a note's seq: nodes number their chunks from 0
 DROP_BATCH = 500
-DEFAULT_LOG_CAP_BYTES = 16 * 1024 * 1024
+PAGE = 1000  # chunks per read
+FOLLOW_EVERY = 1.0  # seconds between reads while following a running job
 
 
 class LogChunkView(Model):
@@ -239,3 +243,34 @@ def prefixed(line: LogLine) -> str:
         return f"[gpuprov] {line.text}"
     restart = f" r{line.epoch}" if line.epoch else ""
     return f"[{line.node}{restart}] {line.text}"
+
+
+async def read_lines(
+    database_url: str,
+    job: str,
+    node: int | None = None,
+    running: Callable[[], Awaitable[bool]] | None = None,
+    poll_interval: float = FOLLOW_EVERY,
+) -> AsyncIterator[LogLine]:
+    """The job's output as lines, read from the database as it stands; with `running`, read on
+    while it answers True and once more after (what the nodes sent before the job ended is
+    in by then: an agent sends all its output before it reports the end)."""
+    database = Database(database_url)
+    records, lines, after = LogRecords(database), Lines(), 0
+    try:
+        while True:
+            more = running is not None and await running()
+            while True:
+                page = await asyncio.to_thread(records.chunks, job, after, node, PAGE)
+                for line in lines.feed(page.chunks):
+                    yield line
+                after = page.next_after
+                if len(page.chunks) < PAGE:
+                    break
+            if not more:
+                break
+            await asyncio.sleep(poll_interval)
+        for line in lines.flush():
+            yield line
+    finally:
+        database.dispose()
