@@ -34,7 +34,8 @@ RUNTIME_MISMATCH = "Failed to initialize NVML: Driver/library version mismatch"
 RETRY_PAUSE = 1.0
 MAX_TRIES = 30
 HEARTBEAT_INTERVAL = 30.0  # until the API says otherwise
-WORK_POLL = 0.5  # seconds between reads of the assignment
+WORK_POLL = 0.5  # seconds between reads of the assignment, at first
+MAX_WORK_POLL = 5.0  # ... doubling while none comes (a lease's busy node asks rarely)
 TAIL_CHARS = 4000
 # What the simulated agent reports once a GPU fault shows (the real agent's words for them).
 GPU_FAULT_DETAILS = {
@@ -97,9 +98,11 @@ class Watch:
 
     def __init__(self) -> None:
         self.active = False
+        self.named: str | None = None  # the work the last answer named
 
     def heard(self, answer: dict[str, Any]) -> None:
         self.active = answer.get("state") in ("reserved", "busy") or bool(answer.get("work_id"))
+        self.named = answer.get("work_id")
 
 
 async def heartbeat(
@@ -139,15 +142,20 @@ async def run_work(api_url: str, credential: str, watch: Watch) -> None:
     headers = {"Authorization": f"Bearer {credential}"}
     async with httpx.AsyncClient(base_url=api_url, timeout=30, headers=headers) as http:
         done: set[str] = set()
+        pause = WORK_POLL
         while True:
-            if not watch.active:
+            if watch.named is not None and watch.named not in done:
+                pause = WORK_POLL  # a heartbeat named work: ask at once
+            elif not watch.active:
                 await asyncio.sleep(WORK_POLL)
                 continue
             assignment = await _call(http, "GET", "/v1/work", retry=False)
             if isinstance(assignment, dict) and assignment.get("id") not in done:
                 done.add(assignment["id"])
                 await _execute(http, assignment)
-            await asyncio.sleep(WORK_POLL)
+                pause = WORK_POLL
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, MAX_WORK_POLL)
 
 
 async def _call(http: httpx.AsyncClient, method: str, path: str, body: Any = None, *,
