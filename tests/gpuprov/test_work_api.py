@@ -277,10 +277,17 @@ class WakeRecorder:
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # not about the database
+@pytest.mark.parametrize("given", ["client", "connect when first needed"])
 async def test_a_report_wakes_the_job_at_once_and_the_sweep_has_nothing_left(
-    client: Client, task_queue: str, records: Records, job_name: str
+    client: Client, task_queue: str, records: Records, job_name: str, given: str
 ):
-    app = create_app(records, jobs=JOBS, temporal=client)
+    connections: list[Client] = []
+
+    async def connect() -> Client:  # as `gpuprov api` passes connect_temporal
+        connections.append(client)
+        return client
+
+    app = create_app(records, jobs=JOBS, temporal=client if given == "client" else connect)
     transport = httpx.ASGITransport(app=app)
     async with (
         httpx.AsyncClient(transport=transport, base_url="http://api") as api,
@@ -308,14 +315,28 @@ async def test_a_report_wakes_the_job_at_once_and_the_sweep_has_nothing_left(
         row = records.get_worker(worker["worker_id"])
         assert row.changed_at is not None and row.notified_at == row.changed_at
         assert Liveness(records.db).pending() == []
+        assert len(connections) == (0 if given == "client" else 1)
+
+
+async def unreachable() -> Client:
+    raise RuntimeError("Failed client connect: Connection refused")
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
-async def test_without_temporal_a_report_leaves_the_change_to_the_sweep(
-    api: httpx.AsyncClient, records: Records, nodes: list[dict]
+@pytest.mark.parametrize("temporal", [None, unreachable], ids=["none", "unreachable"])
+async def test_without_temporal_a_report_still_counts_and_the_sweep_tells_the_job(
+    records: Records, temporal
 ):
-    node = nodes[0]
-    await api.post(f"/v1/work/{node['work']['id']}/started", headers=node["headers"])
+    app = create_app(records, jobs=JOBS, temporal=temporal)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://api") as api:
+        node = await register(api, records, 0)
+        WorkRecords(records.db).assign(
+            JOB, 0, [Assignment(rank=0, worker_id=node["worker_id"], command=COMMAND)]
+        )
+        work_id = (await api.get("/v1/work", headers=node["headers"])).json()["id"]
+        started = await api.post(f"/v1/work/{work_id}/started", headers=node["headers"])
+    assert started.json() == {"id": work_id, "state": "started", "changed": True}
     row = records.get_worker(node["worker_id"])
     assert row.changed_at is not None and row.notified_at is None
     assert [worker.id for worker in Liveness(records.db).pending()] == [node["worker_id"]]
