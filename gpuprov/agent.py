@@ -4,15 +4,33 @@
     python3 agent.py register --url URL < token-file    probe, then POST /v1/workers/register
     python3 agent.py run [--url URL] [--token-file F]   register once, then heartbeat until revoked
     python3 agent.py whoami --url URL                   what the API knows of this worker
+    python3 agent.py supervise DIR                      (started by `run`) leads a job's work
 
 `run` is the daemon (a systemd service on a node): without a credential in its state dir it
 registers first (the join token as `register` reads it, never from argv or the environment);
 then it heartbeats (POST /v1/workers/heartbeat) at the interval the API answers, each with a
 fresh verdict: the registration probe, the GPUs registered that nvidia-smi no longer lists, and
 what `nvidia-smi -q` says of lost GPUs and uncorrectable memory errors (`query_findings`).
-Connection errors and 5xx are retried with backoff for as long as it takes: an API outage never
-stops it. A refused credential (401: the worker was removed, or its machine released) stops it
-with exit 0 and one log line.
+Connection errors, 5xx and 429 are retried with backoff for as long as it takes: an API outage
+never stops it. A refused credential (401: the worker was removed, or its machine released)
+stops it with exit 0 and one log line, once any work still running is stopped.
+
+Beside the heartbeats, `run` runs the node's part of a job (`WorkRunner`, a thread): it reads
+its assignment (GET /v1/work, every few seconds while the worker is reserved or busy, at once
+when a heartbeat's answer names one), keeps it in <state dir>/work/<id>/ (0600 files in a 0700
+directory) before it reports the start (POST .../started; a refusal means it never starts),
+then starts `agent.py supervise` in a session of its own: the leader of the work's process
+group, which runs `setup` then `run` with `/bin/sh -c`, their output appended to files beside
+the assignment, and writes the exit status last. The environment is the agent's own basics
+(PATH, HOME, the locale, ...; never its credential or a token) plus the assignment's env. The
+output goes to the API in chunks (POST .../logs, at most 32 KiB a chunk, every second; each
+chunk is recorded before it is sent, so a resend after a restart repeats its seq and the API
+keeps one); the end (POST .../exit: the code, negative for a signal, and the last lines) once
+all of it is through. A stop (the heartbeat's answer, or the assignment read again) is SIGTERM
+to the process group, the grace period the assignment names, then SIGKILL. A restarted agent
+finds the work in its state dir and follows it again (it outlives the agent: its own session,
+and the systemd unit's KillMode=process), never starting it twice; a report the control plane
+does not take is retried until it does, and the work goes on meanwhile.
 
 Registration exchanges the join token for this worker's credential, which the agent keeps in
 <state dir>/worker-credential (mode 0600, in a 0700 directory): never on a command line, in
@@ -66,11 +84,13 @@ Ubuntu image and runs it with the system python3. tests/gpuprov/test_agent.py en
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
 import getpass
 import json
 import logging
 import os
+import pwd
 import random
 import re
 import select
@@ -80,10 +100,13 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 AGENT_VERSION = "0.2.0"
 TOKEN_ENV = "GPUPROV_JOIN_TOKEN"  # deprecated: visible to `ps e`
@@ -601,8 +624,8 @@ def call_api(
     call the request `what` (default: the path); `timeout` bounds each attempt.
 
     A 4xx is final: AgentError with the server's message and `status`; so is a certificate
-    that does not verify. 5xx and connection errors are retried with exponential backoff from
-    `pause` (capped at 30 s) for `tries` attempts in all. `secret` (and the credential) never
+    that does not verify. 5xx, 429 and connection errors are retried with exponential backoff
+    from `pause` (capped at 30 s) for `tries` attempts in all. `secret` (and the credential) never
     appear in a message.
     """
     url = api_url.rstrip("/") + path
@@ -621,12 +644,13 @@ def call_api(
         )
         try:
             with urllib.request.urlopen(request, timeout=timeout, context=context) as answer:
-                return json.loads(answer.read())
+                content = answer.read()
+                return json.loads(content) if content.strip() else {}  # 204: nothing
         except urllib.error.HTTPError as error:
             message = "(no body)"
             with contextlib.suppress(OSError):
                 message = _hide(_server_message(error.read()), hidden)
-            if error.code < 500:
+            if error.code < 500 and error.code != 429:  # 429: too busy for us now
                 refusal = f"{what or path} refused ({error.code}): {message}"
                 raise AgentError(refusal, error.code) from None
             problem = f"HTTP {error.code}: {message}"
@@ -770,13 +794,8 @@ def save_node(state_dir: str, api_url: str, worker_id: object, gpus: list) -> No
     """<state_dir>/worker.json: where the API is, who this worker is, the GPUs it registered
     with (no secret; written aside, then renamed)."""
     path = os.path.join(state_dir, NODE_FILE)
-    part = f"{path}.{os.getpid()}.part"
-    record = {"api_url": api_url, "worker_id": worker_id, "gpus": gpus}
     try:
-        descriptor = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(descriptor, "w") as handle:
-            json.dump(record, handle, indent=2)
-        os.replace(part, path)
+        _write_json(path, {"api_url": api_url, "worker_id": worker_id, "gpus": gpus})
     except OSError as error:
         log.warning("cannot keep %s: %s", path, error.strerror)
 
@@ -944,19 +963,28 @@ def register_until_accepted(
     log.info("GPU runtime: %s: %s", runtime.verdict, runtime.message or "GPUs usable")
     capabilities = capabilities_of(runtime, probe.disk_path)
     identity = {"vm": secret.vm[:128]} if secret.vm else None
+    response = until_through(
+        lambda: register(url, secret.token, capabilities, identity, 1, ca_file=ca_file),
+        "registration",
+    )
+    return keep_credential(state_dir, response, url, capabilities)
+
+
+def until_through(call: Callable, what: str) -> Any:
+    """`call()`, retried with backoff for as long as the control plane is out of reach or
+    failing (a transient AgentError: no connection, 5xx, 429); a refusal (4xx) is raised.
+    Logged when failures start and every tenth time."""
     failures = 0
     while True:
         try:
-            response = register(url, secret.token, capabilities, identity, 1, ca_file=ca_file)
+            return call()
         except AgentError as error:
             if not error.transient:
                 raise
             failures += 1
-            if failures == 1 or failures % 10 == 0:
-                log.warning("registration attempt %d: %s; retrying", failures, error)
+            if failures % 10 == 1:
+                log.warning("%s failed (%d in a row): %s; retrying", what, failures, error)
             time.sleep(_backoff(failures, MAX_PAUSE))
-            continue
-        return keep_credential(state_dir, response, url, capabilities)
 
 
 def _interval(answered: object, current: float) -> float:
@@ -966,11 +994,17 @@ def _interval(answered: object, current: float) -> float:
 
 
 def heartbeat_forever(
-    url: str, credential: str, ca_file: str | None, registered: list, probe: ProbeOptions
+    url: str,
+    credential: str,
+    ca_file: str | None,
+    registered: list,
+    probe: ProbeOptions,
+    runner: WorkRunner | None = None,
 ) -> int:
     """Heartbeat with a fresh verdict at the interval the API answers, until the credential is
-    refused (exit status 0). Every other failure is retried with backoff, logged when it starts,
-    every tenth time, and when it ends."""
+    refused (exit status 0; work still running is stopped first). Every other failure is
+    retried with backoff, logged when it starts, every tenth time, and when it ends. Each
+    answer goes to `runner`: the worker's state and its work's stop request."""
     interval, failures, draining = HEARTBEAT_INTERVAL, 0, False
     last = None
     while True:
@@ -994,6 +1028,8 @@ def heartbeat_forever(
         except AgentError as error:
             if error.status == 401:
                 log.warning("%s: this worker was removed or its machine released; stopping", error)
+                if runner is not None:
+                    runner.shut_down()
                 return 0
             failures += 1
             if failures == 1 or failures % 10 == 0:
@@ -1004,6 +1040,8 @@ def heartbeat_forever(
             log.info("heartbeats accepted again after %d failed", failures)
             failures = 0
         interval = _interval(answer.get("interval_seconds"), interval)
+        if runner is not None:
+            runner.heard(answer, interval)
         if bool(answer.get("draining")) != draining:
             draining = not draining
             log.info("draining: no new job will be placed here" if draining else "not draining")
@@ -1032,8 +1070,364 @@ def run(args: argparse.Namespace) -> int:
         raise AgentError(f"no API URL: pass --url ({os.path.join(state_dir, NODE_FILE)} has none)")
     credential = read_credential(state_dir)
     registered = read_node(state_dir).get("gpus") or []
+    api_url = url
+
+    def call(path: str, body: dict | None, what: str) -> dict:
+        return call_api(api_url, path, body, credential, args.ca_file, tries=1, what=what,
+                        timeout=WORK_HTTP_TIMEOUT)  # fmt: skip
+
+    runner = WorkRunner(call, state_dir)
+    threading.Thread(target=runner.loop, name="work", daemon=True).start()
     log.info("heartbeating to %s", url)
-    return heartbeat_forever(url, credential, args.ca_file, registered, probe)
+    return heartbeat_forever(url, credential, args.ca_file, registered, probe, runner)
+
+
+# ---------------------------------------------------------------- the work: run, ship, report
+
+WORK_SUBDIR = "work"  # <state dir>/work/<work id>/, removed once the end is reported
+ASSIGNMENT_FILE = "assignment.json"  # written before the start is reported
+SPAWNING_FILE = "spawning"  # written just before the supervisor starts: never started again
+PID_FILE = "pid"  # the supervisor's, which is the work's process group
+EXIT_FILE = "exit.json"  # the supervisor's last word: {"code", "phase"}
+CURSOR_FILE = "shipped.json"  # how far the output was sent, and the chunk being sent
+STREAMS = ("stdout", "stderr")  # and the files in the directory the work's output goes to
+CHUNK_BYTES = 32 * 1024  # per log call: well inside the API's 64 KiB body, JSON-escaped
+WORK_POLL = 5.0  # seconds between reads of the assignment while reserved, busy or running
+SHIP_EVERY = 1.0  # seconds between sends of new output
+WORK_HTTP_TIMEOUT = 15.0
+STOP_GRACE = 30.0  # SIGTERM, this long, SIGKILL (the assignment says how long)
+UNKNOWN_EXIT = -1  # the work ended, and nobody saw how
+TAIL_CHARS = 4000
+WORK_ENV = ("PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR")
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def _write_json(path: str, value: object) -> None:
+    """Written aside (0600), then renamed over: a reader sees the old file or the new one."""
+    part = f"{path}.{os.getpid()}.part"
+    descriptor = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as handle:
+        json.dump(value, handle, indent=1)
+    os.replace(part, path)
+
+
+def _read_json(path: str) -> dict | None:
+    try:
+        with open(path) as handle:
+            value = json.load(handle)
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def work_env(extra: dict) -> dict:
+    """The agent's own basics (never its credential or a token), and the assignment's env."""
+    env = {key: value for key, value in os.environ.items() if key in WORK_ENV or key[:3] == "LC_"}
+    env.setdefault("PATH", DEFAULT_PATH)
+    if "HOME" not in env:
+        with contextlib.suppress(KeyError):
+            env["HOME"] = pwd.getpwuid(os.getuid()).pw_dir
+    env.update({str(key): str(value) for key, value in extra.items()})
+    return env
+
+
+def supervise(work_dir: str) -> int:
+    """`agent.py supervise DIR`, which the agent starts (never a person): the leader of the
+    work's process group. setup, then run, each `/bin/sh -c` (a non-login shell), their output
+    appended to DIR/stdout and DIR/stderr, and the exit status written last, so an agent
+    restarted meanwhile learns how the work ended. A stop (SIGTERM to the group) reaches the
+    shells, and no phase starts after it."""
+    stops: list = []
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, lambda number, frame: stops.append(number))
+    command = (_read_json(os.path.join(work_dir, ASSIGNMENT_FILE)) or {}).get("command") or {}
+    flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+    out, err = (os.open(os.path.join(work_dir, stream), flags, 0o600) for stream in STREAMS)
+    code, phase = 0, "run"
+    for phase in ("setup", "run"):
+        if command.get(phase) and not stops:
+            shell = ["/bin/sh", "-c", command[phase]]
+            code = subprocess.call(shell, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+        if stops and not code:
+            code = -stops[0]
+        if code:
+            break
+    _write_json(os.path.join(work_dir, EXIT_FILE), {"code": code, "phase": phase})
+    return 0
+
+
+def _complete_utf8(data: bytes) -> int:
+    """The length of the longest prefix of `data` that does not end inside a UTF-8 character
+    (the bytes an incremental decoder keeps back, waiting for the rest)."""
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    decoder.decode(data)
+    return len(data) - len(decoder.getstate()[0])
+
+
+class Work:
+    """One assignment on this node: its directory, its process group, its output.
+
+    The output is sent in order per stream, a chunk per call, taking turns between the two.
+    The chunk about to be sent is recorded first (shipped.json), so an agent restarted
+    mid-send sends the same bytes under the same seq again, and the API keeps one of them."""
+
+    def __init__(self, directory: str, assignment: dict) -> None:
+        self.directory, self.assignment = directory, assignment
+        self.id = str(assignment["id"])
+        self.grace = float(assignment.get("stop_grace_seconds", STOP_GRACE))
+        self.process: subprocess.Popen | None = None  # the supervisor, if this agent started it
+        self.spawned = os.path.exists(self.file(SPAWNING_FILE))
+        self.stopping = self.killed = False
+        self.cursor = _read_json(self.file(CURSOR_FILE)) or {"seq": 0, "stdout": 0, "stderr": 0}
+        self.tail = ""
+        try:
+            with open(self.file(PID_FILE)) as handle:
+                self.pgid: int | None = int(handle.read())
+        except (OSError, ValueError):
+            self.pgid = None
+
+    def file(self, name: str) -> str:
+        return os.path.join(self.directory, name)
+
+    def spawn(self) -> None:
+        """The supervisor, leading a new session (so a process group of its own), with the
+        work's environment; noted before (spawning) and after (pid)."""
+        open(self.file(SPAWNING_FILE), "w").close()
+        self.spawned = True
+        env = work_env(self.assignment["command"].get("env") or {})
+        argv = [sys.executable or "python3", "-I", "-S", os.path.abspath(__file__), "supervise"]
+        with open(self.file("supervisor.log"), "ab") as output:
+            self.process = subprocess.Popen(
+                [*argv, self.directory], stdin=subprocess.DEVNULL, stdout=output,
+                stderr=output, cwd=env["HOME"] if os.path.isdir(env.get("HOME", "")) else "/",
+                env=env, start_new_session=True,
+            )  # fmt: skip
+        self.pgid = self.process.pid
+        with open(self.file(PID_FILE), "w") as handle:
+            handle.write(str(self.pgid))
+
+    def running(self) -> bool:
+        if self.process is not None:
+            return self.process.poll() is None
+        if self.killed or self.pgid is None or os.path.exists(self.file(EXIT_FILE)):
+            return False
+        try:
+            os.killpg(self.pgid, 0)  # not this agent's child (it restarted): its group is there
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
+    def signal(self, signum: int) -> None:
+        if self.pgid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pgid, signum)
+
+    def stop(self) -> None:
+        """SIGTERM to the process group; SIGKILL once the grace period has passed."""
+        if self.stopping or not self.running():
+            return
+        self.stopping = True
+        log.info("work %s: stop requested: SIGTERM, SIGKILL in %gs", self.id, self.grace)
+        self.signal(signal.SIGTERM)
+        timer = threading.Timer(self.grace, self._kill)
+        timer.daemon = True
+        timer.start()
+
+    def _kill(self) -> None:
+        if self.running():
+            log.warning("work %s: still running after %gs: SIGKILL", self.id, self.grace)
+            self.signal(signal.SIGKILL)
+            self.killed = True
+
+    def outcome(self) -> tuple:
+        """(exit code, a line for the tail or "") once the work has ended."""
+        ended = _read_json(self.file(EXIT_FILE))
+        if ended is not None:
+            code = int(ended.get("code", UNKNOWN_EXIT))
+            setup = code and ended.get("phase") == "setup"
+            return code, f"gpuprov-agent: setup exited {code}; run did not start" if setup else ""
+        if self.killed:
+            return -signal.SIGKILL, f"gpuprov-agent: killed after the {self.grace:g}s grace period"
+        return UNKNOWN_EXIT, "gpuprov-agent: the work ended without an exit status"
+
+    def next_chunk(self, final: bool) -> dict | None:
+        """The chunk to send now ({seq, stream, data}), or None: all sent so far. `final`: the
+        work has ended, nothing grows any more."""
+        cursor = self.cursor
+        if cursor.get("pending") is None:
+            for stream in sorted(STREAMS, key=lambda name: name == cursor.get("last")):
+                data = self._read(stream, cursor[stream], CHUNK_BYTES)
+                size = len(data) if final and len(data) < CHUNK_BYTES else _complete_utf8(data)
+                if size:  # never part of a character, unless the work ended with it
+                    start = cursor[stream]
+                    cursor["pending"] = {"seq": cursor["seq"], "stream": stream,
+                                         "start": start, "end": start + size}  # fmt: skip
+                    _write_json(self.file(CURSOR_FILE), cursor)
+                    break
+            else:
+                return None
+        chunk = cursor["pending"]
+        data = self._read(chunk["stream"], chunk["start"], chunk["end"] - chunk["start"])
+        text = data.decode("utf-8", "replace")
+        return {"seq": chunk["seq"], "stream": chunk["stream"], "data": text}
+
+    def sent(self, text: str) -> None:
+        """The pending chunk went through (or was refused for good): the next one."""
+        chunk = self.cursor.pop("pending")
+        stream = chunk["stream"]
+        self.cursor.update({"seq": chunk["seq"] + 1, stream: chunk["end"], "last": stream})
+        self.tail = (self.tail + text)[-TAIL_CHARS:]
+        _write_json(self.file(CURSOR_FILE), self.cursor)
+
+    def _read(self, stream: str, start: int, size: int) -> bytes:
+        try:
+            with open(self.file(stream), "rb") as handle:
+                handle.seek(start)
+                return handle.read(size)
+        except OSError:
+            return b""
+
+
+class WorkRunner:
+    """The node's work, on a thread beside the heartbeats: pulls the assignment, starts it
+    through `supervise` (never one work twice), sends its output, stops it when asked and
+    reports its end. A report the control plane does not take is retried until it does."""
+
+    def __init__(self, call: object, state_dir: str) -> None:
+        self.call = call  # (path, body or None, what) -> the answer; AgentError on failure
+        self.root = os.path.join(state_dir, WORK_SUBDIR)
+        self.work: Work | None = None
+        self.watching = False  # the worker is reserved or busy: work may come
+        self.poll_every, self.next_poll = WORK_POLL, 0.0
+        self.wake, self.revoked = threading.Event(), threading.Event()
+
+    def heard(self, answer: dict, interval: float) -> None:
+        """A heartbeat's answer (the heartbeat thread): a stop request reaches the work now."""
+        self.watching = answer.get("state") in ("reserved", "busy")
+        self.poll_every = min(WORK_POLL, interval)
+        work, work_id = self.work, answer.get("work_id")
+        if work is not None and work_id == work.id and answer.get("stop_requested"):
+            work.stop()
+        elif work is None and work_id:
+            self.next_poll = 0.0
+            self.wake.set()
+
+    def loop(self) -> None:
+        failures = 0
+        while not self.revoked.is_set():
+            try:
+                self._step()
+                failures = 0
+            except AgentError as error:
+                if error.status == 401:
+                    return self.shut_down()
+                failures += 1
+                if failures % 10 == 1:
+                    log.warning("%s; retrying", error)
+                time.sleep(_backoff(failures, MAX_PAUSE))
+            self.wake.wait(SHIP_EVERY)
+            self.wake.clear()
+
+    def shut_down(self) -> None:
+        """The credential was refused: whatever still runs is stopped (nobody hears of it)."""
+        self.revoked.set()
+        work = self.work
+        if work is not None:
+            work.stop()
+            deadline = time.monotonic() + work.grace + 5
+            while work.running() and time.monotonic() < deadline:
+                time.sleep(0.2)
+
+    def _step(self) -> None:
+        work = self.work = self.work or self._unfinished()
+        if work is None:
+            assignment = self._poll() if self.watching or not self.next_poll else None
+            if not assignment:
+                return
+            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            os.mkdir(os.path.join(self.root, assignment["id"]), 0o700)
+            work = self.work = Work(os.path.join(self.root, assignment["id"]), assignment)
+            _write_json(work.file(ASSIGNMENT_FILE), assignment)  # known before any start
+        if not work.spawned:
+            self._start(work)
+        elif not work.running():
+            self._finish(work)
+        else:
+            self._ship(work, final=False)
+            assignment = self._poll()
+            if assignment is not None and (
+                assignment.get("id") != work.id or assignment["state"] == "stop_requested"
+            ):
+                work.stop()  # asked to, or its epoch was given up
+
+    def _poll(self) -> dict | None:
+        """The current assignment ({}: none) when a read is due; None when not due."""
+        if time.monotonic() < self.next_poll:
+            return None
+        self.next_poll = time.monotonic() + self.poll_every
+        return self.call("/v1/work", None, "reading the work")
+
+    def _unfinished(self) -> Work | None:
+        """Work known from before a restart of this agent, whose end it has not reported."""
+        with contextlib.suppress(OSError):
+            for name in sorted(os.listdir(self.root)):
+                assignment = _read_json(os.path.join(self.root, name, ASSIGNMENT_FILE))
+                if assignment:
+                    log.info("work %s: known from before a restart; following it", name)
+                    return Work(os.path.join(self.root, name), assignment)
+        return None
+
+    def _start(self, work: Work) -> None:
+        """Report the start, then start it. A refusal (stopped or given up before it started)
+        means it never starts."""
+        try:
+            self._through(f"/v1/work/{work.id}/started", {}, "reporting the start")
+        except AgentError as refused:
+            return self._done(work, refused)
+        log.info("work %s: job %s rank %s: starting", work.id, work.assignment.get("job"),
+                 work.assignment.get("rank"))  # fmt: skip
+        work.spawn()
+
+    def _ship(self, work: Work, final: bool) -> None:
+        """Send what the work printed; `final`: all of it, however long it takes."""
+        chunk = work.next_chunk(final)
+        while chunk is not None:
+            path = f"/v1/work/{work.id}/logs"
+            try:
+                (self._through if final else self.call)(path, chunk, "sending output")
+            except AgentError as error:
+                if error.transient or error.status == 401:
+                    raise
+                log.warning("work %s: %s", work.id, error)  # refused for good: skipped
+            work.sent(chunk["data"])
+            chunk = work.next_chunk(final)
+
+    def _finish(self, work: Work) -> None:
+        work.signal(signal.SIGKILL)  # what the work left in the background ends with it
+        self._ship(work, final=True)
+        code, note = work.outcome()
+        log.info("work %s: ended with %s", work.id, code)
+        body = {"code": code, "tail": (work.tail + (f"\n{note}\n" if note else ""))[-TAIL_CHARS:]}
+        try:
+            self._through(f"/v1/work/{work.id}/exit", body, "reporting the end")
+        except AgentError as refused:
+            return self._done(work, refused)
+        self._done(work)
+
+    def _done(self, work: Work, refused: AgentError | None = None) -> None:
+        """Its end is reported (or its start refused): the row is over and never handed out
+        again, so its directory can go."""
+        if refused is not None:
+            if refused.status == 401:
+                raise refused
+            log.warning("work %s: %s", work.id, refused)
+        shutil.rmtree(work.directory, ignore_errors=True)
+        self.work = None
+
+    def _through(self, path: str, body: dict, what: str) -> dict:
+        return until_through(lambda: self.call(path, body, what), what)
 
 
 # ---------------------------------------------------------------- command line
@@ -1071,6 +1465,8 @@ def _parser() -> argparse.ArgumentParser:
     source.add_argument("--token", help=argparse.SUPPRESS)  # refused: see main()
     reg.add_argument("--delete-token-file", action="store_true", help="remove it once read")
     reg.add_argument("--tries", type=int, default=10, help="attempts while the API is down")
+    supervisor = commands.add_parser("supervise", help="(started by `run`) lead a work's group")
+    supervisor.add_argument("work_dir")
     whoami = commands.add_parser("whoami", help="ask the API about this worker (its credential)")
     whoami.add_argument("--url", required=True, help="the API, e.g. https://10.0.0.1:8080")
     whoami.add_argument("--tries", type=int, default=3, help="attempts while the API is down")
@@ -1085,6 +1481,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "supervise":
+        return supervise(args.work_dir)
     logging.basicConfig(level=logging.INFO, format="gpuprov-agent: %(message)s")
     try:
         if args.command == "whoami":

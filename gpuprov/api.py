@@ -3,21 +3,24 @@
     POST /v1/workers/register  {token, capabilities, identity?}   the join token in the body
     GET  /v1/workers, drain, undrain, remove                      an operator API key
     GET  /v1/workers/me, POST /v1/workers/heartbeat               the worker's credential
+    GET  /v1/work, POST /v1/work/{id}/started|exit|logs           the worker's credential
+    GET  /v1/jobs/{job}/logs                                      an operator API key
     GET  /v1/cost[?job=NAME]                                      an operator API key
     GET  /v1/health                                               open
 
 Who may call what is declared per endpoint with gpuprov/auth.py's dependencies; the workers
-endpoints live in gpuprov/api_workers.py. A registration answers the worker's credential once
-(only its SHA-256 is stored): the node presents it on every later call. The cost endpoint lives
-in gpuprov/api_cost.py.
+endpoints live in gpuprov/api_workers.py, the work and log ones in gpuprov/api_work.py. A
+registration answers the worker's credential once (only its SHA-256 is stored): the node
+presents it on every later call. The cost endpoint lives in gpuprov/api_cost.py.
 
 The token is checked by its SHA-256 (unknown, used and expired tokens are 401), used once, and
 bound to one VM row (a managed node) or one reservation label (an existing worker). Identity —
 provider, region, label, job — comes from that record; claims in the body that disagree are
 logged and ignored. The registration is one committed transaction: the token used, the worker
 row written. A managed node's job reads that row (activities/registrations.py); nothing is sent
-to the workflow, so the API needs no Temporal connection. A node whose machine is already being
-torn down is refused (409) with nothing changed.
+to the workflow for a registration. A node whose machine is already being torn down is refused
+(409) with nothing changed. The one thing the API may send Temporal is a job's
+`workers_changed` when a node reports its work started or ended (gpuprov/api_work.py).
 
 While the database is unavailable (unreachable, restarting, locked, its SQLite file gone) every
 request that needs it is answered 503 with a Retry-After header; the next request after it is
@@ -47,9 +50,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from gpuprov import api_cost, api_workers, auth, pem
+from gpuprov import api_cost, api_work, api_workers, auth, pem
+from gpuprov.api_work import TemporalSource
 from gpuprov.auth import AuthFailures
-from gpuprov.config import ConfigError, WorkersSettings
+from gpuprov.config import ConfigError, JobsSettings, WorkersSettings
 from gpuprov.credentials import Credentials, issue_worker_credential
 from gpuprov.liveness import Liveness
 from gpuprov.models import WorkerCapabilities
@@ -186,7 +190,11 @@ def create_app(
     auth_failures: AuthFailures | None = None,
     body_timeout: float = BODY_TIMEOUT_SECONDS,
     workers: WorkersSettings | None = None,
+    jobs: JobsSettings | None = None,
+    temporal: TemporalSource = None,
 ) -> FastAPI:
+    """The API over `records`. `temporal` (a client, or how to connect when first needed) lets
+    a node's report wake its job at once; without it the liveness sweep does."""
     # No /docs, /redoc or /openapi.json: nothing but health is served to an unauthenticated
     # caller. `create_app(...).openapi()` still builds the document.
     app = FastAPI(
@@ -199,6 +207,7 @@ def create_app(
     auth.install(app, Credentials(records.db) if records is not None else None, auth_failures)
     app.state.liveness = Liveness(records.db) if records is not None else None
     api_workers.add_routes(app, workers or WorkersSettings())
+    api_work.add_routes(app, jobs or JobsSettings(), temporal)
     api_cost.add_routes(app)
 
     @app.exception_handler(RequestValidationError)

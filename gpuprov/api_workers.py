@@ -11,9 +11,11 @@ region, registered and last updated, one line of capabilities (GPUs, driver, CPU
 runtime verdict), and its liveness (alive/lost, last seen, heartbeats, health, draining). Never a
 token or a credential.
 
-A heartbeat is one database write (gpuprov/liveness.py) and nothing else: the API never talks to
-Temporal. It answers how long to wait for the next one (`[workers] heartbeat_interval_seconds`)
-and whether the worker is draining. A revoked worker's heartbeat is refused (401) by its
+A heartbeat is one database write (gpuprov/liveness.py), and for a reserved or busy worker one
+read of its current work; the API never talks to Temporal for it. It answers how long to wait
+for the next one (`[workers] heartbeat_interval_seconds`), whether the worker is draining, and
+its current work's id and whether that work is to stop, so a stop reaches the node within one
+interval. A revoked worker's heartbeat is refused (401) by its
 credential, with nothing written.
 """
 
@@ -48,6 +50,8 @@ class HeartbeatResponse(Model):
     interval_seconds: float  # when to send the next one
     draining: bool
     state: str  # idle / reserved / busy
+    work_id: str | None = None  # the worker's current work (GET /v1/work says what it is)
+    stop_requested: bool = False  # that work is to stop: SIGTERM, grace, SIGKILL, report
 
 
 WorkerId = Annotated[str, Path(min_length=1, max_length=64)]
@@ -120,6 +124,8 @@ def add_routes(app: FastAPI, settings: WorkersSettings) -> None:
             interval_seconds=settings.heartbeat_interval_seconds,
             draining=beat.draining,
             state=beat.state,
+            work_id=beat.work_id,
+            stop_requested=beat.stop_requested,
         )
 
     for action, draining in (("drain", True), ("undrain", False)):

@@ -6,6 +6,7 @@
     gpuprov submit job.yaml [--wait]  start a job (workflow id job-<name>)
     gpuprov status NAME | list | release NAME | cancel NAME | offers --gpu H100
     gpuprov health NAME               verdict per machine of a job (or one VM): diagnosis + SSH
+    gpuprov logs NAME [--node N] [--follow]  a job's output, each line after its node's rank
     gpuprov api                       the control-plane API (nodes register here)
     gpuprov setup                     once per cluster: migrations, namespace, search attributes,
                                       the reconciler's and the liveness sweep's Schedules
@@ -39,6 +40,7 @@ from datetime import timedelta
 from typing import NoReturn
 
 from pydantic import ValidationError
+from sqlalchemy.exc import SQLAlchemyError
 from temporalio.service import RPCError
 
 from gpuprov import agent, apikeys, owners, schedules, service, workers_cli
@@ -64,10 +66,12 @@ from gpuprov.config import (
     check_address,
     load_settings,
 )
+from gpuprov.connection import connect_temporal
 from gpuprov.costs import cost_report
-from gpuprov.db import DatabaseUnavailable
+from gpuprov.db import DatabaseUnavailable, unavailable
 from gpuprov.dev import dev_stack, with_default_cloud
 from gpuprov.engine import open_records, open_records_patiently
+from gpuprov.logs import prefixed, read_lines
 from gpuprov.models import (
     MAX_GPU_NAME_LENGTH,
     MAX_HOURLY_COST,
@@ -132,6 +136,19 @@ def _parser() -> argparse.ArgumentParser:
         help="a job name, or a VM name such as train-7b-a1-n0-ce4389",
     )
     health.add_argument("--json", action="store_true")
+    logs = commands.add_parser(
+        "logs",
+        help="a job's output, each line after its node's rank",
+        description=(
+            "Read from gpuprov's database: what the job's nodes printed, each node's lines in "
+            "order, prefixed by its rank ([1] ...; after a restart [1 r2] ...). Their stdout "
+            "goes to stdout, their stderr and gpuprov's notes to stderr. With --follow, read "
+            "on while the job runs, and stop once it has ended."
+        ),
+    )
+    logs.add_argument("name", type=job_name)
+    logs.add_argument("--node", type=bounded_int(0, 1023), help="only this rank's output")
+    logs.add_argument("--follow", "-f", action="store_true", help="until the job ends")
     offers = commands.add_parser("offers", help="offers a job would try, cheapest first")
     # The same bounds as a job spec's fields (gpuprov/models.py).
     offers.add_argument("--gpu", type=bounded_text(MAX_GPU_NAME_LENGTH))
@@ -282,6 +299,18 @@ async def _health(settings: Settings, args: argparse.Namespace) -> int:
     return 0 if all(report.verdict is Verdict.HEALTHY for report in reports) else 1
 
 
+async def _logs(settings: Settings, args: argparse.Namespace) -> int:
+    """Only --follow needs Temporal (to know when the job ends)."""
+    running = (await _client(settings)).job(args.name).running if args.follow else None
+    try:
+        async for line in read_lines(settings.database_url, args.name, args.node, running):
+            where = sys.stdout if line.stream == "stdout" else sys.stderr
+            print(prefixed(line), file=where, flush=True)
+    except SQLAlchemyError as error:
+        raise unavailable(settings.database_url, error) from None
+    return 0
+
+
 async def _offers(settings: Settings, args: argparse.Namespace) -> int:
     request = ResourceRequest(
         gpu=args.gpu,
@@ -334,7 +363,12 @@ async def _api(settings: Settings, args: argparse.Namespace) -> int:
     if records is None:
         return 130
     try:
-        app = create_app(records, workers=settings.workers)
+        app = create_app(
+            records,
+            workers=settings.workers,
+            jobs=settings.jobs,
+            temporal=lambda: connect_temporal(settings.temporal, codec=settings.codec),
+        )
         api = settings.api
         tls = {"tls_cert_file": api.tls_cert_file, "tls_key_file": api.tls_key_file}
         async with serving(app, api.host, api.port, **tls):
@@ -478,6 +512,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], Awaitable[int]]] = 
     "cancel": _cancel,
     "offers": _offers,
     "health": _health,
+    "logs": _logs,
     "dev": _dev,
     "api": _api,
     "setup": cluster_setup.command,

@@ -8,6 +8,8 @@ final = await handle.result()
 jobs = await client.list(state=JobState.READY, provider="lambda")  # [JobSummary]
 report = await client.end_job("train-7b", reason="stuck after a bad deploy")  # EndReport
 costs = await client.cost("train-7b")  # CostReport; needs database_url= on connect
+async for line in client.logs("train-7b", follow=True):  # LogLine; needs database_url= too
+    print(line.node, line.text)
 
 The workers (registered machines) live in the control plane's database, so their SDK talks to
 the control-plane API with an operator API key (`gpuprov apikey create`):
@@ -29,7 +31,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timedelta
 
 import httpx
@@ -52,6 +54,7 @@ from gpuprov.config import CodecSettings, ConfigError, TemporalSettings
 from gpuprov.connection import connect_temporal
 from gpuprov.costs import CostReport, MachineCost, Money, ProviderCost, cost_report
 from gpuprov.db import Database
+from gpuprov.logs import LogLine, read_lines
 from gpuprov.models import (
     HealthReport,
     JobSpec,
@@ -188,6 +191,17 @@ class JobHandle:
             if error.status is RPCStatusCode.NOT_FOUND:
                 raise JobNotFound(f"no running job named {self.name!r}: {error.message}") from None
             raise GpuprovError(f"job {self.name!r}: {error}") from None
+
+    async def running(self) -> bool:
+        """Whether the job's workflow is still running (False once it ended, or if there is
+        none)."""
+        try:
+            description = await self._handle.describe()
+        except RPCError as error:
+            if error.status is RPCStatusCode.NOT_FOUND:
+                return False
+            raise GpuprovError(f"cannot describe job {self.name!r}: {error}") from None
+        return description.status is WorkflowExecutionStatus.RUNNING
 
     async def result(self) -> JobStatus:
         """Wait for the job to end; the final status whatever the outcome."""
@@ -377,6 +391,26 @@ class GpuprovClient:
             )
         return await asyncio.to_thread(_read_cost, self.database_url, job)
 
+    async def logs(
+        self, job: str, node: int | None = None, follow: bool = False
+    ) -> AsyncIterator[LogLine]:
+        """A job's output, line by line, from gpuprov's database (as `gpuprov logs` reads it;
+        needs database_url=): each node's lines in order (of one node with `node`), the nodes'
+        interleaved as their output arrived, the control plane's notes (stream "gpuprov") among
+        them. `follow`: read on while the job runs; the iteration ends once it has ended and
+        all of its output is read."""
+        if self.database_url is None:
+            raise GpuprovError(
+                "logs reads gpuprov's database: connect with database_url= "
+                "(load_settings().database_url)"
+            )
+        running = self.job(job).running if follow else None
+        try:
+            async for line in read_lines(self.database_url, job, node, running):
+                yield line
+        except SQLAlchemyError as error:
+            raise GpuprovError(f"cannot read logs from gpuprov's database: {error}") from None
+
     async def offers(self, query: OffersQuery, timeout: float = 300) -> OffersResult:
         """Offers a job would try, cheapest first, planned by a worker (it holds the keys)."""
         try:
@@ -517,6 +551,7 @@ __all__ = [
     "JobState",
     "JobStatus",
     "JobSummary",
+    "LogLine",
     "MachineCost",
     "Money",
     "OffersQuery",

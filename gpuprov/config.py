@@ -205,11 +205,18 @@ class ApiSettings(Model):
 
 
 class JobsSettings(Model):
-    """How long shared state lives."""
+    """How long shared state lives, and how a job's work is stopped and its output kept."""
 
     # A stockout steers other jobs this long.
     block_ttl_seconds: int = Field(default=900, ge=1, le=MAX_TTL_SECONDS)
     join_token_ttl_seconds: int = Field(default=3600, ge=1, le=MAX_JOIN_TOKEN_TTL_SECONDS)
+    # The output a job keeps (gpuprov logs): past it, its oldest output is dropped.
+    log_cap_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=1024**4)
+    # A stopped node's work gets SIGTERM, then this long, then SIGKILL. A job waits 90 s for
+    # its nodes to report the end before it tears them down anyway.
+    # At most 60 s: a job waits 90 s for its nodes to report their work stopped before it frees
+    # them (an existing worker goes back to idle): the grace must end well within that.
+    stop_grace_seconds: float = Field(default=30.0, ge=0, le=60)
     k3s: K3sSettings = Field(default_factory=lambda: K3sSettings())
 
 

@@ -317,6 +317,17 @@ class LogChunk(Table, table=True):
     created_at: datetime = _time()
 
 
+class LogUsage(Table, table=True):
+    """A job's log bytes: kept in log_chunks, and dropped by the cap (oldest first)."""
+
+    __tablename__ = "log_usage"
+
+    job: str = Field(primary_key=True)
+    kept_bytes: int = Field(sa_column=sa.Column(sa.BigInteger(), nullable=False))
+    dropped_bytes: int = Field(sa_column=sa.Column(sa.BigInteger(), nullable=False))
+    updated_at: datetime = _time()
+
+
 class OrphanRecord(Table, table=True):
     """A machine whose termination failed; the reconciler keeps trying until it is resolved."""
 

@@ -1,13 +1,16 @@
 """`gpuprov demo`: the README's first command, the whole story on the fake cloud.
 
-A Temporal dev server (with UI) and a worker start; a 2-node H100 job is submitted; the
-cheapest offer has room for one node and answers the second create with a capacity stockout;
-the job tears that attempt down (the one instance that landed included), blocks the offer,
-fails over, reaches `ready`. Every booted machine runs the real node agent (gpuprov/agent.py
-`run`, as a local process with a stub nvidia-smi replaying an 8 x H100 node): the demo prints
-each node's registration with what its probe found, and its heartbeats. Then it releases the
-job, waits until every instance is confirmed gone (its agent with it), prints the final status
-and the UI link, and shuts everything down.
+A Temporal dev server (with UI), a worker and the API start; a 2-node H100 job with a command to
+run is submitted; the cheapest offer has room for one node and answers the second create with a
+capacity stockout; the job tears that attempt down (the one instance that landed included),
+blocks the offer, fails over, reaches `ready`. Every booted machine runs the real node agent
+(gpuprov/agent.py `run`, as a local process with a stub nvidia-smi replaying an 8 x H100 node):
+the demo prints each node's registration with what its probe found, and its heartbeats. Then
+the agents run the job's work (a few "training steps" in shell, on this machine) and the demo
+streams its output from the database as the nodes send it (`gpuprov logs --follow`). The job
+ends `completed` on its own once both nodes exited 0, and releases its machines itself; the
+demo prints the final status, the cloud's ledger (nothing left) and the UI link, and shuts
+everything down.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from gpuprov.config import (
     WorkersSettings,
 )
 from gpuprov.dev import dev_stack
+from gpuprov.logs import prefixed, read_lines
 from gpuprov.models import JobSpec, JobState, JobStatus, Resources
 from gpuprov.records import Records
 from gpuprov.render import capabilities_text, progress_line, status_text
@@ -86,6 +90,17 @@ def demo_cloud(state_path: str | None = None) -> FakeProviderConfig:
     )
 
 
+# What each node runs: a stand-in for a training script, a step a second.
+SETUP = 'echo "node $GPUPROV_NODE_RANK of $GPUPROV_NUM_NODES ready; master $GPUPROV_MASTER_ADDR"'
+RUN = """for step in 1 2 3 4 5; do
+  loss=$(awk -v s=$step -v r=$GPUPROV_NODE_RANK 'BEGIN { printf "%.3f", 2.5 / (s + r / 10) }')
+  echo "rank $GPUPROV_NODE_RANK step $step/5 loss $loss"
+  sleep 1
+done
+echo "rank $GPUPROV_NODE_RANK done"
+"""
+
+
 def demo_job() -> JobSpec:
     # No CPU or memory minimum: the agents probe this machine, whatever it is.
     return JobSpec(
@@ -94,6 +109,8 @@ def demo_job() -> JobSpec:
         resources=Resources(gpu="H100", gpus_per_node=8),
         max_hourly_cost=60.0,
         provisioning_timeout_seconds=300,
+        setup=SETUP,
+        run=RUN,
     )
 
 
@@ -115,14 +132,19 @@ async def run_demo(
             out(f"submitted {spec.nodes}x {spec.resources.gpu} job {spec.name}")
             out(f"watch it: {stack.workflow_url(spec.workflow_id)}")
             printer = progress_printer(out)
-            status = await handle.wait_for(
-                lambda s: s.state is JobState.READY, timeout=300, on_change=printer
+            placed = await handle.wait_for(  # ready, and the work given out at once
+                lambda s: s.ready_at is not None, timeout=300, on_change=printer
             )
-            if status.state is JobState.READY:
-                await show_heartbeats(stack.records, status, out)
-                out("job is ready; the work would run now. Releasing it.")
-                await handle.release()
-            status = await handle.wait_for(lambda s: False, timeout=300, on_change=printer)
+            ending = asyncio.create_task(  # the job's progress, printed as it comes
+                handle.wait_for(lambda s: False, timeout=300, on_change=printer)
+            )
+            if placed.ready_at is not None:
+                await show_heartbeats(stack.records, placed, out)
+                out("the nodes run the work; its output as they send it (gpuprov logs -f):")
+                follow = read_lines(settings.database_url, spec.name, running=handle.running)
+                async for line in follow:
+                    out(f"  {prefixed(line)}")
+            status = await ending
             out("")
             out(status_text(status))
             out(_cloud_ledger(settings.providers.fake))

@@ -101,7 +101,9 @@ async def dev_stack(
                 codec_app = create_codec_app(codec, ui_origins(settings, ui_port))
                 await stack.enter_async_context(serving(codec_app, settings.codec.host, codec_port))
             runtime = await stack.enter_async_context(running_worker(env.client, settings))
-            app = create_app(runtime.records, workers=settings.workers)
+            app = create_app(
+                runtime.records, workers=settings.workers, jobs=settings.jobs, temporal=env.client
+            )
             await stack.enter_async_context(serving(app, api.host, api.port))
             yield DevStack(
                 client=env.client,

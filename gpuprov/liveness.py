@@ -1,17 +1,21 @@
 """Reads and writes of the workers' liveness columns: heartbeats, lost workers, drains, removals,
 and which jobs must be woken because one of their workers changed.
 
-    heartbeat(worker, healthy, detail)  the API, per agent heartbeat: one UPDATE ... RETURNING
+    heartbeat(worker, healthy, detail)  the API, per agent heartbeat: one UPDATE ... RETURNING,
+                                        and for a reserved or busy worker its current work
+    changed(worker)                     the API, when the worker's work moved on (started, ended)
     mark_lost(lost_after)               the sweep: alive workers silent for too long -> lost
     pending(limit) / notified(...)      the sweep: workers whose change their job was not told
     of_job(job)                         the job's local activity `job_workers`: the truth
     set_draining / remove               `gpuprov workers drain|undrain|remove` and the API
 
 A worker's `changed_at` moves when its liveness (alive/lost) or its health verdict
-(healthy/unhealthy) changes, or when an operator removes it; heartbeats that change nothing only
-bump `last_seen_at` and the count. The sweep tells the worker's job and records the `changed_at`
-it told about in `notified_at`, only if no newer change came in between. A change is pending
-while the two differ, so the pair needs no agreement between the clocks of API and worker.
+(healthy/unhealthy) changes, when its work starts or ends, or when an operator removes it;
+heartbeats that change nothing only bump `last_seen_at` and the count. The sweep tells the
+worker's job and records the `changed_at` it told about in `notified_at`, only if no newer
+change came in between (the API does the same when it tells the job itself). A change is
+pending while the two differ, so the pair needs no agreement between the clocks of API and
+worker.
 
 Each method is its own transaction and, like gpuprov/records.py, settles races with conditional
 UPDATEs in the database. Returned rows are detached.
@@ -27,18 +31,27 @@ import sqlalchemy as sa
 from sqlmodel import col, select
 
 from gpuprov.credentials import revoke_worker_credentials
-from gpuprov.db import Database, UtcDateTime, WorkerRecord, utcnow
+from gpuprov.db import Database, UtcDateTime, WorkerRecord, WorkRecord, utcnow
+from gpuprov.models import WorkState
+from gpuprov.work import UNFINISHED
 
 MAX_DETAIL = 500  # characters of a health detail kept
 
 
 @dataclass(frozen=True)
 class Beat:
-    """What a heartbeat answers the agent: its worker's state and whether it is draining."""
+    """What a heartbeat answers the agent: its worker's state, whether it is draining, and its
+    current work (gpuprov/work.py) with whether that work is to stop."""
 
     state: str
     draining: bool
     changed: bool  # this heartbeat changed the worker's liveness or health
+    work_id: str | None = None
+    stop_requested: bool = False
+
+
+# Only a reserved or busy worker can have work: an idle one's heartbeat reads no more.
+WITH_WORK = ("reserved", "busy")
 
 
 def _update() -> sa.Update:
@@ -76,10 +89,24 @@ def _heartbeat_statement() -> sa.Update:
     )
 
 
+def _current_work_statement() -> sa.Select:
+    """The worker's newest unfinished work (as WorkRecords.for_worker reads it), built once."""
+    return (
+        sa.select(WorkRecord.id, WorkRecord.state)
+        .where(
+            col(WorkRecord.worker_id) == sa.bindparam("worker_id", type_=sa.String()),
+            col(WorkRecord.state).in_(UNFINISHED),
+        )
+        .order_by(col(WorkRecord.epoch).desc(), col(WorkRecord.created_at).desc())
+        .limit(1)
+    )
+
+
 class Liveness:
     def __init__(self, db: Database) -> None:
         self.db = db
         self._heartbeat = _heartbeat_statement()
+        self._current_work = _current_work_statement()
 
     def heartbeat(
         self, worker_id: str, *, healthy: bool, detail: str | None, now: datetime | None = None
@@ -93,12 +120,35 @@ class Liveness:
             "health": "healthy" if healthy else "unhealthy",
             "detail": detail[:MAX_DETAIL] if detail else None,
         }
-        with self.db.engine.begin() as connection:  # one statement: no ORM session needed
+        with self.db.engine.begin() as connection:  # plain statements: no ORM session needed
             row = connection.execute(self._heartbeat, values).first()
-        if row is None:
-            return None
-        state, draining, changed_at = row
-        return Beat(state=state, draining=bool(draining), changed=changed_at == now)
+            if row is None:
+                return None
+            state, draining, changed_at = row
+            work = None
+            if state in WITH_WORK:
+                work = connection.execute(self._current_work, {"worker_id": worker_id}).first()
+        return Beat(
+            state=state,
+            draining=bool(draining),
+            changed=changed_at == now,
+            work_id=work[0] if work else None,
+            stop_requested=bool(work) and work[1] == WorkState.STOP_REQUESTED.value,
+        )
+
+    def changed(self, worker_id: str, now: datetime | None = None) -> tuple[str, datetime] | None:
+        """Stamp the worker changed (its work moved on: the sweep will wake its job); its job
+        and the stamp, or None for a worker of no job (or no worker)."""
+        now = now or utcnow()
+        update = (
+            _update()
+            .where(col(WorkerRecord.id) == worker_id)
+            .values(changed_at=now)
+            .returning(WorkerRecord.job)
+        )
+        with self.db.engine.begin() as connection:
+            job = connection.execute(update).scalar()
+        return (job, now) if job else None
 
     def mark_lost(self, lost_after: timedelta, now: datetime | None = None) -> list[WorkerRecord]:
         """Every live (not revoked) worker last seen more than `lost_after` ago becomes lost;

@@ -78,6 +78,13 @@ def status_text(status: JobStatus) -> str:
                 lines.append(
                     f"      worker {node.worker_id}: {capabilities_text(node.capabilities)}"
                 )
+    if status.work:
+        lines.append("  work:" + (f" (restart {len(status.restarts)})" if status.restarts else ""))
+        for work in status.work:
+            code = f", exit code {work.exit_code}" if work.exit_code is not None else ""
+            lines.append(
+                f"    node {work.rank} {work.vm or work.worker_id}: {work.state.value}{code}"
+            )
     if status.existing_workers:
         lines.append("  existing workers:")
         for worker in status.existing_workers:

@@ -79,6 +79,8 @@ def unit_text(command: list[str]) -> str:
         "# 2: refused for good (a bad token, an unusable state dir). 0 (not restarted either):\n"
         "# the credential was revoked.\n"
         "RestartPreventExitStatus=2\n"
+        "# A job's work outlives a restart of the agent, which then follows it again.\n"
+        "KillMode=process\n"
         "\n"
         "[Install]\n"
         "WantedBy=multi-user.target\n"

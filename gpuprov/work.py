@@ -118,6 +118,12 @@ class WorkRecords:
                 .order_by(col(WorkRecord.epoch).desc(), col(WorkRecord.created_at).desc())
             ).first()
 
+    def of_worker(self, work_id: str, worker_id: str) -> WorkRecord | None:
+        """The row, only if it is this worker's (None for another worker's, or none)."""
+        with self.db.session() as session:
+            row = session.get(WorkRecord, work_id)
+        return row if row is not None and row.worker_id == worker_id else None
+
     def report_started(self, work_id: str, worker_id: str) -> bool:
         """The node started the work. False when that is no longer allowed (stopped before it
         started, abandoned): the node must not start it."""

@@ -1,8 +1,8 @@
 """The node agent on a machine that boots with cloud-init: the files it needs, where they go, the
 SHA-256 the agent is pinned to, and the systemd unit that runs it.
 
-The agent is gpuprov/agent.py with its prose blanked out (`agent_source`): one
-standard-library file, no secret in it. The
+The agent is gpuprov/agent.py with its prose blanked out and its signatures' annotations left
+out (`agent_source`): one standard-library file, no secret in it. The
 create call's user data (providers/userdata.py) installs, through cloud-init's write_files:
 
     /usr/local/lib/gpuprov/agent.py            0644  the agent, its comments and docstrings
@@ -20,6 +20,8 @@ after every reboot:
                   --state-dir /var/lib/gpuprov [--ca-file <ca>]
     Restart       on failure, every 15 s (an API that is down, a network not up yet), but not
                   after the agent's exit 2 (refused for good: a used or expired token)
+    KillMode      process: the job's work, which the agent starts, outlives a restart of the
+                  agent, which then follows it again
 
 `-I -S`: the system interpreter, isolated from PYTHON* variables, the user's site directory
 and site-packages; the agent needs nothing but the standard library. The join token is read
@@ -50,10 +52,13 @@ EXIT_REFUSED = 2  # gpuprov/agent.py: an error that retrying cannot fix
 @functools.cache
 def agent_source() -> bytes:
     """The node agent as this worker ships it to a node: gpuprov/agent.py with its comments and
-    docstrings blanked out, line for line (so a traceback's line numbers still match the
-    repository's file). EC2 takes 16 KB of user data, compressed or not, and the agent's prose
-    is a third of its size; the code the node runs is the same."""
-    return without_prose(resources.files("gpuprov").joinpath("agent.py").read_text("utf-8"))
+    docstrings blanked out and its functions' annotations left out, line for line (so a
+    traceback's line numbers still match the repository's file). EC2 takes 16 KB of user data,
+    compressed or not; the agent's prose is a third of its size, and its signatures'
+    annotations (never evaluated: `from __future__ import annotations`) a thirtieth. The code
+    the node runs is the same."""
+    source = resources.files("gpuprov").joinpath("agent.py").read_text("utf-8")
+    return without_signature_annotations(without_prose(source).decode("utf-8"))
 
 
 def without_prose(source: str) -> bytes:
@@ -85,6 +90,39 @@ def without_prose(source: str) -> bytes:
 
 
 _WITH_DOCSTRING = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+
+
+def without_signature_annotations(source: str) -> bytes:
+    """`source` with the annotations of every function's parameters and return value left out
+    (`def f(a: int = 1) -> str:` becomes `def f(a = 1):`), each one that sits on one line;
+    every line stays where it was. Annotated assignments (a dataclass's fields) are kept."""
+    lines = [line.encode("utf-8") for line in source.splitlines(keepends=True)]
+    spans: list[tuple[int, int, int]] = []  # (line, start, end), in UTF-8 bytes as ast counts
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        arguments = node.args
+        for argument in (
+            *arguments.posonlyargs,
+            *arguments.args,
+            *arguments.kwonlyargs,
+            arguments.vararg,
+            arguments.kwarg,
+        ):
+            annotation = argument.annotation if argument is not None else None
+            if annotation is not None and annotation.end_lineno == argument.lineno:
+                start = argument.col_offset + len(argument.arg.encode("utf-8"))
+                spans.append((argument.lineno - 1, start, annotation.end_col_offset or start))
+        returns = node.returns
+        if returns is not None and returns.end_lineno == returns.lineno:
+            line = lines[returns.lineno - 1]
+            arrow = line.rfind(b"->", 0, returns.col_offset)
+            if arrow > 0:
+                start = len(line[:arrow].rstrip(b" "))
+                spans.append((returns.lineno - 1, start, returns.end_col_offset or arrow))
+    for index, start, end in sorted(spans, reverse=True):
+        lines[index] = lines[index][:start] + lines[index][end:]
+    return b"".join(lines)
 
 
 def agent_sha256() -> str:
@@ -123,6 +161,9 @@ def unit(api_url: str, ca: bool) -> str:
             # The agent's exit 2: refused for good (a used or expired token, a CA that does not
             # verify the API): starting it again cannot help. Exit 1 (API unreachable) retries.
             f"RestartPreventExitStatus={EXIT_REFUSED}",
+            # The job's work runs in a process group of its own under the agent: a restarted
+            # agent follows it again, so stopping the agent must not end it.
+            "KillMode=process",
             "UMask=0077",
             "",
             "[Install]",

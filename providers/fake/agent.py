@@ -1,13 +1,27 @@
 """The fake cloud's simulated node agent: what a booted machine's agent would report, sent
 through the real control-plane API with the real join token from the instance's bootstrap, then
 heartbeats with the worker credential it got, as gpuprov.agent `run` does: at the interval the
-API answers, until the credential is refused or the instance is deleted (the task cancelled)."""
+API answers, until the credential is refused or the instance is deleted (the task cancelled).
+
+It runs the node's work too (`run_work`), for real, the way the agent does: the assignment read
+with the credential (GET /v1/work), its start reported, `setup` then `run` each with `/bin/sh -c`
+in a process group of its own on this machine, the assignment's env added to a bare one, the
+output sent in chunks, a stop honoured (SIGTERM, the grace period, SIGKILL), the end reported
+with the last lines. What it leaves out is surviving its own end: it lives in the worker's
+process, so a killed worker ends its nodes' work with it, and a deleted instance kills its work.
+`[providers.fake] run_work = false` leaves the work rows to a test that plays the nodes itself.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import codecs
+import contextlib
 import logging
+import os
+import signal
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 
@@ -20,6 +34,9 @@ RUNTIME_MISMATCH = "Failed to initialize NVML: Driver/library version mismatch"
 RETRY_PAUSE = 1.0
 MAX_TRIES = 30
 HEARTBEAT_INTERVAL = 30.0  # until the API says otherwise
+WORK_POLL = 0.5  # seconds between reads of the assignment, at first
+MAX_WORK_POLL = 5.0  # ... doubling while none comes (a lease's busy node asks rarely)
+TAIL_CHARS = 4000
 # What the simulated agent reports once a GPU fault shows (the real agent's words for them).
 GPU_FAULT_DETAILS = {
     "gpu_lost": "GPU 0000:A8:00.0 is lost (fallen off the bus, Xid 79)",
@@ -75,10 +92,27 @@ async def register(api_url: str, token: str, capabilities: WorkerCapabilities) -
     return None
 
 
+class Watch:
+    """What the last heartbeat's answer said: whether the worker may have work (reserved or
+    busy), so an idle node does not keep asking for it."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.named: str | None = None  # the work the last answer named
+
+    def heard(self, answer: dict[str, Any]) -> None:
+        self.active = answer.get("state") in ("reserved", "busy") or bool(answer.get("work_id"))
+        self.named = answer.get("work_id")
+
+
 async def heartbeat(
-    api_url: str, credential: str, health: Callable[[], tuple[bool, str | None]]
+    api_url: str,
+    credential: str,
+    health: Callable[[], tuple[bool, str | None]],
+    watch: Watch | None = None,
 ) -> None:
-    """Heartbeat with `health()` (healthy, detail) until the credential is refused (401)."""
+    """Heartbeat with `health()` (healthy, detail) until the credential is refused (401); each
+    answer goes to `watch`."""
     interval = HEARTBEAT_INTERVAL
     headers = {"Authorization": f"Bearer {credential}"}
     async with httpx.AsyncClient(base_url=api_url, timeout=30, headers=headers) as http:
@@ -96,4 +130,134 @@ async def heartbeat(
                 return  # revoked: the real agent exits here
             if response.status_code == 200:
                 interval = float(response.json().get("interval_seconds", interval))
+                if watch is not None:
+                    watch.heard(response.json())
             await asyncio.sleep(interval)
+
+
+async def run_work(api_url: str, credential: str, watch: Watch) -> None:
+    """Each assignment this worker is given, run once, until the task is cancelled (the
+    instance deleted, the credential refused): whatever still runs is killed then. The work is
+    asked for only while the heartbeats say the worker is reserved or busy."""
+    headers = {"Authorization": f"Bearer {credential}"}
+    async with httpx.AsyncClient(base_url=api_url, timeout=30, headers=headers) as http:
+        done: set[str] = set()
+        pause = WORK_POLL
+        while True:
+            if watch.named is not None and watch.named not in done:
+                pause = WORK_POLL  # a heartbeat named work: ask at once
+            elif not watch.active:
+                await asyncio.sleep(WORK_POLL)
+                continue
+            assignment = await _call(http, "GET", "/v1/work", retry=False)
+            if isinstance(assignment, dict) and assignment.get("id") not in done:
+                done.add(assignment["id"])
+                await _execute(http, assignment)
+                pause = WORK_POLL
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, MAX_WORK_POLL)
+
+
+async def _call(http: httpx.AsyncClient, method: str, path: str, body: Any = None, *,
+                retry: bool = True) -> Any:  # fmt: skip
+    """The answer's JSON ({} for 204), or the refusal's status code (a 4xx); a connection error
+    or 5xx is retried (or, without `retry`, None)."""
+    while True:
+        try:
+            response = await http.request(method, path, json=body)
+        except httpx.HTTPError as error:
+            log.info("fake agent: %s %s failed (%s)", method, path, error)
+        else:
+            if response.status_code < 300:
+                return response.json() if response.content else {}
+            if response.status_code < 500:
+                return response.status_code
+        if not retry:
+            return None
+        await asyncio.sleep(RETRY_PAUSE)
+
+
+async def _execute(http: httpx.AsyncClient, assignment: dict[str, Any]) -> None:
+    work = f"/v1/work/{assignment['id']}"
+    if not isinstance(await _call(http, "POST", f"{work}/started", {}), dict):
+        return  # refused: stopped or given up before it started
+    command = assignment["command"]
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **command.get("env", {})}
+    output = _Output(http, work)
+    code = 0
+    for script in (command.get("setup"), command.get("run")):
+        if script and code == 0:
+            process = await asyncio.create_subprocess_exec(
+                "/bin/sh", "-c", script, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+                start_new_session=True,
+            )  # fmt: skip
+            try:
+                code = await _follow(http, assignment, process, output)
+            finally:  # cancelled: the machine is gone, and its work with it
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+    await output.flush()
+    await _call(http, "POST", f"{work}/exit", {"code": code, "tail": output.tail})
+
+
+async def _follow(
+    http: httpx.AsyncClient,
+    assignment: dict[str, Any],
+    process: asyncio.subprocess.Process,
+    output: _Output,
+) -> int:
+    """Until the process ends: its output sent, and a stop asked for honoured."""
+    readers = [
+        asyncio.create_task(output.read(process.stdout, "stdout")),
+        asyncio.create_task(output.read(process.stderr, "stderr")),
+    ]
+    ended = asyncio.create_task(process.wait())
+    stopping_since: float | None = None
+    loop = asyncio.get_running_loop()
+    while not ended.done():
+        await asyncio.wait([ended], timeout=WORK_POLL)
+        if ended.done():
+            break
+        await output.flush()
+        current = await _call(http, "GET", "/v1/work", retry=False)
+        stop = current == {} or (
+            isinstance(current, dict)
+            and (current.get("id") != assignment["id"] or current["state"] == "stop_requested")
+        )
+        grace = float(assignment.get("stop_grace_seconds", 30))
+        with contextlib.suppress(ProcessLookupError):
+            if stop and stopping_since is None:
+                stopping_since = loop.time()
+                os.killpg(process.pid, signal.SIGTERM)
+            if stopping_since is not None and loop.time() - stopping_since > grace:
+                os.killpg(process.pid, signal.SIGKILL)
+    await asyncio.gather(*readers)
+    return ended.result()
+
+
+class _Output:
+    """A work's output, sent in order one chunk at a time; its last characters kept."""
+
+    def __init__(self, http: httpx.AsyncClient, work: str) -> None:
+        self.http, self.path = http, f"{work}/logs"
+        self.pending: list[tuple[str, str]] = []
+        self.seq = 0
+        self.tail = ""
+
+    async def read(self, stream: asyncio.StreamReader | None, name: str) -> None:
+        assert stream is not None
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")  # never half a character
+        while data := await stream.read(32 * 1024):
+            self.pending.append((name, decoder.decode(data)))
+        self.pending.append((name, decoder.decode(b"", final=True)))
+
+    async def flush(self) -> None:
+        while self.pending:
+            name, text = self.pending.pop(0)
+            if not text:
+                continue
+            body = {"seq": self.seq, "stream": name, "data": text}
+            await _call(self.http, "POST", self.path, body)
+            self.seq += 1
+            self.tail = (self.tail + text)[-TAIL_CHARS:]

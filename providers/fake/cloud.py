@@ -17,8 +17,9 @@ Primitive -> what happens in the ledger:
   Stopping until delete_delay has passed after a delete; Failed ("preempted") once the ledger
   says the cloud took it back (`FakeCloudState.preempt`). A Running instance's agent starts
   there: the simulated one (`simulate_agent`, providers/fake/agent.py) registers through the
-  real API with the join token from its bootstrap and heartbeats; the real one (`agent =
-  "real"`, providers/fake/node.py) is gpuprov/agent.py `run` in a local process.
+  real API with the join token from its bootstrap, heartbeats and runs the node's work (unless
+  `run_work = false`); the real one (`agent = "real"`, providers/fake/node.py) is
+  gpuprov/agent.py `run` in a local process.
 - observe_region: the same for every VM in the region in one call (counted as "list").
 - sweep_regions: every configured region (no call).
 - delete: marks the given ids deleted (unknown ids are success) and stops their agents.
@@ -55,7 +56,14 @@ from providers.base import (
     price_quote,
 )
 from providers.errors import ErrorKind, ProviderError
-from providers.fake.agent import GPU_FAULT_DETAILS, heartbeat, register, simulated_capabilities
+from providers.fake.agent import (
+    GPU_FAULT_DETAILS,
+    Watch,
+    heartbeat,
+    register,
+    run_work,
+    simulated_capabilities,
+)
 from providers.fake.config import GPU_FAULTS, FakeInstanceType, FakeProviderConfig, FaultRule
 from providers.fake.state import FakeCloudState, InstanceRow
 from providers.settings import capabilities_from
@@ -276,7 +284,16 @@ class FakeCloud(CloudProvider):
                 return False, GPU_FAULT_DETAILS[row.boot_mode]
             return True, None
 
-        await heartbeat(row.api_url, credential, health)
+        watch = Watch()
+        work = None
+        if self.config.run_work:
+            work = asyncio.create_task(run_work(row.api_url, credential, watch))
+        try:
+            await heartbeat(row.api_url, credential, health, watch)
+        finally:  # revoked, or the instance deleted: its work ends with it
+            if work is not None:
+                work.cancel()
+                await asyncio.gather(work, return_exceptions=True)
 
     def _boot_node(self, row: InstanceRow) -> node.Node:
         """The real agent on the instance, in its own root under the agent root."""

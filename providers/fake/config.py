@@ -114,6 +114,9 @@ class FakeProviderConfig(ProviderSettings):
     # (gpuprov/agent.py `run`) as a local process (providers/fake/node.py). None: "simulated"
     # with simulate_agent, else "none".
     agent: AgentMode | None = None
+    # The simulated agent runs the work a job gives its node (/bin/sh, locally); false leaves
+    # the work rows to a test that plays the nodes itself.
+    run_work: bool = True
     # The real agent's per-instance roots (None: a temporary directory per cloud object), and
     # the captured nvidia-smi outputs its stub replays (None: tests/fixtures/nvidia-smi).
     agent_root: str | None = None

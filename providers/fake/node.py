@@ -9,15 +9,21 @@ would start the agent on a real machine:
 - gpuprov/agent.py copied to `<root>/opt/gpuprov/agent.py` and started as
   `python -I -S agent.py run --token-file <root>/etc/gpuprov/join.env --state-dir
   <root>/var/lib/gpuprov --disk-path <root> --libcuda none`, in its own process group, its
-  output in `<root>/agent.log`; its environment holds no secret;
+  output in `<root>/agent.log`; its environment holds no secret (PATH, LANG, and HOME: the
+  root);
 - a stub `nvidia-smi` first on its PATH that replays captured outputs (tests/fixtures/nvidia-smi)
   of an 8 x H100 node: healthy, or, per the instance's fault, a driver mismatch from boot
   (bad_runtime) or, from `fault_after` seconds after boot, a GPU fallen off the bus (gpu_lost,
   Xid 79), an uncorrectable ECC error (ecc_error, Xid 48) or a GPU gone from the list
   (gpu_missing).
 
-Deleting the instance kills its process group. On Linux the agent also dies with the process
-that started it (PR_SET_PDEATHSIG), so a killed worker leaves no agent behind.
+The agent runs the job's work as it would on a machine (gpuprov/agent.py `supervise`, in a
+process group of its own under the instance's state dir), so a node's work outlives its agent:
+an agent restarted in the same root (a worker that took over the cloud, `agent_root` set) finds
+it there and follows it. Deleting the instance is the machine gone: its agent's process group
+and every work's, at once. On Linux the agent also dies with the process that started it
+(PR_SET_PDEATHSIG), so a killed worker leaves no agent behind; the work goes on until the
+instance is deleted, as on a machine whose agent was restarted.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from typing import Any
 
 import yaml
 
+from gpuprov import agent
 from providers.errors import ErrorKind, ProviderError
 from providers.fake.config import FakeInstanceType
 from providers.userdata import JOIN_ENV_PATH
@@ -183,10 +190,19 @@ class Node:
     def running(self) -> bool:
         return self.process.poll() is None
 
+    def work_groups(self) -> list[int]:
+        """The process groups of the work the agent started here (their leaders' pids)."""
+        groups = []
+        for pid_file in (self.state_dir / agent.WORK_SUBDIR).glob(f"*/{agent.PID_FILE}"):
+            with contextlib.suppress(OSError, ValueError):
+                groups.append(int(pid_file.read_text()))
+        return groups
+
     def kill(self) -> None:
-        """The machine is gone: every process of its group, at once."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+        """The machine is gone: every process of its agent's group and its work's, at once."""
+        for group in [self.process.pid, *self.work_groups()]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=10)
 
@@ -219,8 +235,10 @@ def boot(
         "--disk-path", str(root),
         "--libcuda", "none",
     ]  # fmt: skip
-    # Only what a service's environment holds: no secret of this process, no token.
-    env = {"PATH": f"{bin_dir}{os.pathsep}/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    # Only what a service's environment holds: no secret of this process, no token. HOME is
+    # the instance's root, where its work starts, as a machine's work starts in root's home.
+    path = f"{bin_dir}{os.pathsep}/usr/local/bin:/usr/bin:/bin"
+    env = {"PATH": path, "LANG": "C.UTF-8", "HOME": str(root)}
     with open(root / "agent.log", "ab") as log:
         process = subprocess.Popen(
             argv,

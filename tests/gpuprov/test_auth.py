@@ -119,11 +119,19 @@ async def test_every_endpoint_declares_who_may_call_it(app: FastAPI, api: httpx.
     assert operator == [
         ("DELETE", "/v1/workers/{worker_id}"),
         ("GET", "/v1/cost"),
+        ("GET", "/v1/jobs/{job}/logs"),
         ("GET", "/v1/workers"),
         ("POST", "/v1/workers/{worker_id}/drain"),
         ("POST", "/v1/workers/{worker_id}/undrain"),
     ]
-    assert worker == [("GET", "/v1/workers/me"), ("POST", "/v1/workers/heartbeat")]
+    assert worker == [
+        ("GET", "/v1/work"),
+        ("GET", "/v1/workers/me"),
+        ("POST", "/v1/work/{work_id}/exit"),
+        ("POST", "/v1/work/{work_id}/logs"),
+        ("POST", "/v1/work/{work_id}/started"),
+        ("POST", "/v1/workers/heartbeat"),
+    ]
     # Everything but health checks a secret (the join token checks its own, throttled).
     assert sorted(set(every) - set(throttled)) == [("GET", "/v1/health")]
     assert set(throttled) == set(operator) | set(worker) | {("POST", REGISTER)}

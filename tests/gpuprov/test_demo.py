@@ -1,4 +1,5 @@
-"""`gpuprov demo`, the README's first command, end to end: the story, then nothing left."""
+"""`gpuprov demo`, the README's first command, end to end: the story (a failover, the nodes'
+work and its output as it comes, the end on its own), then nothing left."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 GPUPROV = str(Path(sys.executable).parent / "gpuprov")
 
 
-async def test_demo_fails_over_reaches_ready_releases_and_leaves_no_process():
+async def test_demo_fails_over_runs_the_work_completes_on_its_own_and_leaves_no_process():
     process = await asyncio.create_subprocess_exec(
         GPUPROV,
         "demo",
@@ -25,7 +26,7 @@ async def test_demo_fails_over_reaches_ready_releases_and_leaves_no_process():
 
     assert "Capacity at create: InsufficientInstanceCapacity" in out
     assert "[provisioning] - waiting for teardown of attempt #1" in out
-    assert "[ready]" in out and "[releasing]" in out
+    assert "[running]" in out and "[releasing]" in out
     assert "job demo-train: completed" in out
     assert "#2 fake/us-east-1b/h100x8 (fake/us-east-1): succeeded" in out
     assert "offer fake/us-east-1a/h100x8: Capacity" in out
@@ -53,6 +54,19 @@ async def test_demo_fails_over_reaches_ready_releases_and_leaves_no_process():
         assert beats and int(beats.group(1)) >= 3, out
     assert out.count("8 x NVIDIA H100 80GB HBM3; driver 550.90.07; CUDA 12.4; ") >= 2
     assert "GPU runtime OK" in out
+    # The work ran on both nodes, its output streamed while the job ran, and the job completed
+    # on its own once both exited 0 (nothing released it).
+    streamed = out[out.index("its output as they send it") : out.index("job demo-train: completed")]
+    for rank in (0, 1):
+        steps = re.findall(
+            rf"^  \[{rank}\] rank {rank} step (\d)/5 loss \d\.\d{{3}}$", streamed, re.M
+        )
+        assert steps == ["1", "2", "3", "4", "5"], streamed
+        assert f"  [{rank}] node {rank} of 2 ready; master " in streamed
+        assert f"  [{rank}] rank {rank} done" in streamed
+        assert re.search(rf"node {rank} demo-train-a2-n{rank}{tag}: exited, exit code 0", out)
+    # the first steps came in while the job ran: before it began releasing its machines
+    assert out.index("[0] rank 0 step 1/5") < out.index("[releasing]"), out
     assert "Temporal UI for this job: http://127.0.0.1:" in out
     assert "/namespaces/default/workflows/job-demo-train" in out
 

@@ -47,7 +47,13 @@ async def test_a_heartbeat_is_recorded_and_answers_the_interval(
     beat = await api.post(HEARTBEAT, json={"healthy": True}, headers=credential)
 
     assert beat.status_code == 200, beat.text
-    assert beat.json() == {"interval_seconds": 7.5, "draining": False, "state": "reserved"}
+    assert beat.json() == {
+        "interval_seconds": 7.5,
+        "draining": False,
+        "state": "reserved",
+        "work_id": None,  # no work given to it yet
+        "stop_requested": False,
+    }
     row = records.get_worker(worker["worker_id"])
     assert row is not None and row.heartbeats == 1 and row.changed_at is None
     detail = "GPU 00000000:A8:00.0 is lost (fallen off the bus, Xid 79)"

@@ -24,7 +24,8 @@ INITIAL_TABLES = {"vms", "join_tokens", "cost_records", "blocks", "workers", "or
 CREDENTIAL_TABLES = {"worker_credentials", "operator_keys"}
 WORK_TABLES = {"work", "log_chunks"}
 SSH_TABLES = {"ssh_host_keys", "ssh_client_keys"}
-TABLES = INITIAL_TABLES | CREDENTIAL_TABLES | SSH_TABLES | WORK_TABLES
+LOG_USAGE_TABLES = {"log_usage"}
+TABLES = INITIAL_TABLES | CREDENTIAL_TABLES | SSH_TABLES | WORK_TABLES | LOG_USAGE_TABLES
 
 
 def schema(db: Database) -> dict[str, Any]:
@@ -71,7 +72,7 @@ def test_upgrade_creates_exactly_the_tables(empty: Database):
 
     assert set(sa.inspect(empty.engine).get_table_names()) == TABLES | {"alembic_version"}
     assert {table.name for table in metadata.sorted_tables} == TABLES
-    assert empty.current_revision() == head() == "0007_liveness"
+    assert empty.current_revision() == head() == "0008_log_usage"
     described = schema(empty)
     assert ("uq_vms_vm", ("vm",)) in described["vms"]["unique"]
     assert ("uq_blocks_scope_key", ("scope", "key")) in described["blocks"]["unique"]
@@ -236,6 +237,33 @@ def test_the_cost_migration_keeps_every_row_and_goes_back(empty: Database):
     with empty.engine.connect() as connection:
         status = connection.exec_driver_sql("SELECT status FROM vms").scalars().all()
     assert status == ["terminated"]
+
+
+def test_the_log_usage_migration_counts_the_output_already_kept_and_goes_back(empty: Database):
+    """A deployment at 0007 with output kept for two jobs: 0008 counts each job's bytes; going
+    back to 0007 gives exactly the schema it had, rows included."""
+    empty.upgrade("0007_liveness")
+    with empty.engine.begin() as connection:  # chunks as 0007's code would write them
+        for chunk_id, job, size in ((1, "train", 10), (2, "train", 32), (3, "eval", 7)):
+            connection.execute(
+                sa.text(
+                    "INSERT INTO log_chunks (id, job, work_id, epoch, node_rank, seq, stream, "
+                    "data, size, created_at) VALUES (:id, :job, 'w', 0, 0, :id, 'stdout', 'x', "
+                    ":size, :now)"
+                ),
+                {"id": chunk_id, "job": job, "size": size, "now": utcnow()},
+            )
+    before = schema(empty)
+
+    empty.upgrade("0008_log_usage")
+
+    with empty.engine.connect() as connection:
+        usage = connection.exec_driver_sql(
+            "SELECT job, kept_bytes, dropped_bytes FROM log_usage ORDER BY job"
+        ).all()
+    assert [tuple(row) for row in usage] == [("eval", 7, 0), ("train", 42, 0)]
+    empty.downgrade("0007_liveness")
+    assert schema(empty) == before
 
 
 def test_upgrading_twice_is_a_no_op(empty: Database):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 import json
 import random
+import re
 import string
 from collections.abc import Callable
 from datetime import timedelta
@@ -27,6 +28,7 @@ from providers.errors import ProviderError
 from providers.gce.instance_body import MAX_USER_DATA_BYTES as GCE_LIMIT
 from providers.userdata import compressed_user_data, user_data
 from tests import cloudinit
+from tests.gpuprov.test_agent import AGENT_FILE
 from tests.nodes import CloudInitNode, gpu_path, serving_api, unit_value
 from tests.tls import Pki
 
@@ -161,6 +163,46 @@ def test_cloud_init_writes_the_join_env_root_only_and_the_unit_runs_the_daemon(t
     assert TOKEN not in unit  # the token is only in the root-only file
     assert "Restart=on-failure" in unit and "WantedBy=multi-user.target" in unit
     assert "RestartPreventExitStatus=2" in unit  # the agent's "refused for good"
+    assert "KillMode=process" in unit  # a restart of the agent leaves the job's work running
+
+
+def test_the_shipped_agent_leaves_out_signature_annotations_line_for_line():
+    source = (
+        "from __future__ import annotations\n"
+        "import dataclasses\n"
+        "@dataclasses.dataclass\n"
+        "class Row:\n"
+        "    name: str = '->'\n"
+        "def f(a: int, b: dict | None = None, *rest: str, key: str = '->', **more: int) -> str:\n"
+        "    kept: list[int] = [a]\n"
+        "    return f'{kept}{b}{rest}{key}{more}'\n"
+        "def g(\n"
+        "    a: int,\n"
+        ") -> list[\n"
+        "    int\n"
+        "]:\n"
+        "    return [a]\n"
+    )
+    shipped = node_agent.without_signature_annotations(source).decode()
+    assert shipped.splitlines()[4:] == [
+        "    name: str = '->'",
+        "def f(a, b = None, *rest, key = '->', **more):",
+        "    kept: list[int] = [a]",
+        "    return f'{kept}{b}{rest}{key}{more}'",
+        "def g(",
+        "    a,",
+        ") -> list[",  # over two lines: kept as it is
+        "    int",
+        "]:",
+        "    return [a]",
+    ]
+    names: dict = {}
+    exec(compile(shipped, "shipped", "exec"), names)  # noqa: S102 - our own source
+    assert names["f"](1, None, "x", key="k", z=2) == "[1]None('x',)k{'z': 2}"
+    assert names["Row"]().name == "->"
+    agent = node_agent.agent_source().decode()
+    assert agent.count("\n") == AGENT_FILE.read_text().count("\n")  # every line where it was
+    assert not re.search(r"^\s*def .*->", agent, re.M)
 
 
 def test_a_url_systemd_would_expand_reaches_the_agent_unchanged():

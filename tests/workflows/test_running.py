@@ -103,7 +103,7 @@ async def nodes_running(
 async def worker_with_api(client, task_queue, records, **cloud) -> AsyncIterator:
     port = free_port()
     async with serving(create_app(records), "127.0.0.1", port):
-        config = fast_cloud(simulate_agent=True, **cloud)
+        config = fast_cloud(simulate_agent=True, run_work=False, **cloud)  # `Nodes` runs it
         url = f"http://127.0.0.1:{port}"
         async with fake_worker(client, task_queue, config, records, url) as (gpuprov, fake):
             yield gpuprov, fake
