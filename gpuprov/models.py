@@ -38,7 +38,7 @@ JOB_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 MAX_RESTARTS = 100
 MAX_RUNTIME_SECONDS = 366 * 24 * 3600  # a year: within every Temporal timer
 
-# Upper bounds of the spec's numbers and strings (README, "Job spec"). The durations become
+# Upper bounds of the spec's numbers and strings (docs/job-spec.md). The durations become
 # Temporal timers, which take a protobuf Duration: an unbounded number (1e19) failed every
 # workflow task of the job. The GPU name becomes the GpuprovGpu Keyword search attribute, which
 # the server refuses past its size limit. The rest bounds what a sane fleet asks of one node.
