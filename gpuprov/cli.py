@@ -114,7 +114,11 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("dev", help="dev server + UI + worker, until Ctrl-C")
     submit = commands.add_parser("submit", help="submit a job spec (TOML or YAML)")
     submit.add_argument("file")
-    submit.add_argument("--wait", action="store_true", help="follow the job until ready or ended")
+    submit.add_argument(
+        "--wait",
+        action="store_true",
+        help="follow the job until ready (a lease) or until it ends (a job with run)",
+    )
     for name, text in (
         ("status", "show a job"),
         ("release", "release a ready job"),
@@ -247,6 +251,10 @@ async def _client(settings: Settings) -> GpuprovClient:
     return await GpuprovClient.connect(codec=settings.codec, settings=settings.temporal)
 
 
+# How long `submit --wait` follows a job that runs its work and sets no max_runtime_seconds.
+RUN_WAIT_SECONDS = 30 * 24 * 3600
+
+
 async def _submit(settings: Settings, args: argparse.Namespace) -> int:
     spec = load_job_spec(args.file)
     client = await _client(settings)
@@ -254,13 +262,23 @@ async def _submit(settings: Settings, args: argparse.Namespace) -> int:
     print(f"submitted {spec.workflow_id} on task queue {client.task_queue}")
     if not args.wait:
         return 0
+    if spec.run is None:  # a lease: until it is ready
+        status = await handle.wait_for(
+            lambda s: s.state is JobState.READY,
+            timeout=spec.provisioning_timeout_seconds + 600,
+            on_change=lambda s: print(progress_line(s)),
+        )
+        print(status_text(status))
+        return 0 if status.state is JobState.READY else 1
+    # A job that runs its work: until it ends (it passes through ready and running by itself).
+    runtime = spec.max_runtime_seconds or RUN_WAIT_SECONDS
     status = await handle.wait_for(
-        lambda s: s.state is JobState.READY,
-        timeout=spec.provisioning_timeout_seconds + 600,
+        lambda s: s.state.terminal,
+        timeout=spec.provisioning_timeout_seconds + runtime + 600,
         on_change=lambda s: print(progress_line(s)),
     )
     print(status_text(status))
-    return 0 if status.state is JobState.READY else 1
+    return 0 if status.state is JobState.COMPLETED else 1
 
 
 async def _status(settings: Settings, args: argparse.Namespace) -> int:

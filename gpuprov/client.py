@@ -163,9 +163,11 @@ class JobHandle:
     async def wait_ready(
         self, timeout: float = 3600, on_change: Callable[[JobStatus], None] | None = None
     ) -> JobStatus:
-        """The status once ready; GpuprovError with the job's error if it ended instead."""
-        status = await self.wait_for(lambda s: s.state is JobState.READY, timeout, on_change)
-        if status.state is not JobState.READY:
+        """The status once placed (ready, or running its work); GpuprovError with the job's
+        error if it ended instead."""
+        placed = (JobState.READY, JobState.RUNNING)
+        status = await self.wait_for(lambda s: s.state in placed, timeout, on_change)
+        if status.state not in placed:
             raise GpuprovError(f"job {self.name!r} ended {status.state.value}: {status.error}")
         return status
 

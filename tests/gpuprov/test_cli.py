@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuprov.engine import open_records
 from gpuprov.models import JobState, JobStatus
 from tests.helpers import fake_worker, fast_cloud
 
@@ -132,3 +133,26 @@ async def test_status_of_unknown_job_is_a_clear_error(client, task_queue):
     code, _, err = await gpuprov("status", "no-such-job", env=env)
     assert code == 2
     assert "no job named 'no-such-job'" in err
+
+
+async def test_submit_wait_follows_a_job_that_runs_its_work_to_its_end(
+    client, task_queue, job_name, tmp_path
+):
+    from tests.workflows.test_running import worker_with_api
+
+    address = client.service_client.config.target_host
+    env = {"GPUPROV_TEMPORAL__TASK_QUEUE": task_queue, "GPUPROV_TEMPORAL__ADDRESS": address}
+    spec = tmp_path / "job.yaml"
+    spec.write_text(
+        f"name: {job_name}\nresources:\n  gpu: h100\n  gpus_per_node: 8\n"
+        "placement:\n  providers: [fake]\nrun: echo hello from rank $GPUPROV_NODE_RANK\n"
+    )
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    try:
+        # the simulated agents run the work for real (run_work), as a node's agent does
+        async with worker_with_api(client, task_queue, records, run_work=True):
+            code, out, err = await gpuprov("submit", str(spec), "--wait", env=env)
+    finally:
+        records.db.dispose()
+    assert code == 0, (out, err)
+    assert f"job {job_name}: completed" in out

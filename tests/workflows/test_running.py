@@ -102,8 +102,10 @@ async def nodes_running(
 @contextlib.asynccontextmanager
 async def worker_with_api(client, task_queue, records, **cloud) -> AsyncIterator:
     port = free_port()
-    async with serving(create_app(records), "127.0.0.1", port):
-        config = fast_cloud(simulate_agent=True, run_work=False, **cloud)  # `Nodes` runs it
+    # With a Temporal client the API wakes a job at once when a node reports its work ended.
+    async with serving(create_app(records, temporal=client), "127.0.0.1", port):
+        settings = {"simulate_agent": True, "run_work": False, **cloud}  # `Nodes` runs it
+        config = fast_cloud(**settings)
         url = f"http://127.0.0.1:{port}"
         async with fake_worker(client, task_queue, config, records, url) as (gpuprov, fake):
             yield gpuprov, fake
