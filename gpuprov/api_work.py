@@ -35,7 +35,7 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.liveness import SIGNAL_RPC_TIMEOUT, WORKERS_CHANGED
-from gpuprov.auth import REFUSALS, require_operator, require_worker
+from gpuprov.auth import BODY_REFUSALS, REFUSALS, require_operator, require_worker
 from gpuprov.config import JobsSettings
 from gpuprov.db import WorkerRecord, WorkRecord
 from gpuprov.liveness import Liveness
@@ -192,7 +192,7 @@ def add_routes(app: FastAPI, jobs: JobsSettings, temporal: TemporalSource) -> No
         after = await asyncio.to_thread(_mine, work, work_id, worker)
         return WorkReport(id=work_id, state=WorkState(after.state), changed=changed)
 
-    @app.post("/v1/work/{work_id}/exit", responses={**REFUSALS, **NOT_YOURS})
+    @app.post("/v1/work/{work_id}/exit", responses={**REFUSALS, **BODY_REFUSALS, **NOT_YOURS})
     async def exited(
         work_id: WorkId,
         body: ExitReport,
@@ -207,7 +207,7 @@ def add_routes(app: FastAPI, jobs: JobsSettings, temporal: TemporalSource) -> No
         after = await asyncio.to_thread(_mine, work, work_id, worker)
         return WorkReport(id=work_id, state=WorkState(after.state), changed=changed)
 
-    @app.post("/v1/work/{work_id}/logs", responses={**REFUSALS, **NOT_YOURS})
+    @app.post("/v1/work/{work_id}/logs", responses={**REFUSALS, **BODY_REFUSALS, **NOT_YOURS})
     async def output(
         work_id: WorkId,
         body: LogChunkIn,

@@ -27,7 +27,7 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from pydantic import Field, ValidationError
 
-from gpuprov.auth import REFUSALS, require_operator, require_worker
+from gpuprov.auth import BODY_REFUSALS, REFUSALS, require_operator, require_worker
 from gpuprov.config import WorkersSettings
 from gpuprov.db import WORKER_STATES, WorkerRecord
 from gpuprov.liveness import MAX_DETAIL, Liveness
@@ -107,7 +107,7 @@ NOT_FOUND = {404: {"description": "no such worker, or it is revoked"}}
 def add_routes(app: FastAPI, settings: WorkersSettings) -> None:
     """The workers endpoints, on the app itself (its routes stay one flat list to inspect)."""
 
-    @app.post("/v1/workers/heartbeat", responses=REFUSALS)
+    @app.post("/v1/workers/heartbeat", responses={**REFUSALS, **BODY_REFUSALS})
     async def heartbeat(
         body: HeartbeatRequest,
         worker: Annotated[WorkerRecord, Depends(require_worker)],

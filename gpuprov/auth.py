@@ -42,6 +42,12 @@ REFUSALS: dict[int | str, dict[str, Any]] = {
     429: {"description": "too many bad credentials from this address; see Retry-After"},
 }
 
+# What the body-limit middleware answers any request that carries a body.
+BODY_REFUSALS: dict[int | str, dict[str, Any]] = {
+    408: {"description": "the body did not arrive in time"},
+    413: {"description": "body over 64 KiB"},
+}
+
 _operator_key = HTTPBearer(
     scheme_name="OperatorKey",
     description="An operator API key (gpuprov apikey create): `Bearer gpo_...`",
