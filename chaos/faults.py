@@ -256,6 +256,9 @@ def worker_config(
         f"boot_timeout = {timings.boot_timeout!r}",
         f"delete_timeout = {timings.delete_timeout!r}",
         "simulate_agent = true",
+        # The harness plays the nodes' work itself (chaos/nodes.py): exits, kills and stops
+        # at planned moments. The simulated agent running the command too would race it.
+        "run_work = false",
         f"state_path = {_toml_value(state_path)}",
         f"regions = [{regions}]",
         "instance_types = [",
