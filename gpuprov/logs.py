@@ -77,6 +77,21 @@ def cap_note(dropped: int, cap: int) -> str:
     )
 
 
+def _chunk(work: WorkRecord, seq: int, stream: str, data: str) -> LogChunk:
+    """A chunk of `work`'s output, its size in UTF-8 bytes (what the cap counts)."""
+    return LogChunk(
+        job=work.job,
+        work_id=work.id,
+        epoch=work.epoch,
+        node_rank=work.node_rank,
+        seq=seq,
+        stream=stream,
+        data=data,
+        size=len(data.encode("utf-8")),
+        created_at=utcnow(),
+    )
+
+
 class LogRecords:
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -84,32 +99,20 @@ class LogRecords:
     def append(self, work: WorkRecord, seq: int, stream: str, data: str, cap: int) -> bool:
         """Keep one chunk of `work`'s output; False when (work, seq) is kept already (a repeat).
         Past `cap` bytes for the job the oldest chunks go, and the job's note says so."""
-        data = clean_text(data)
-        size = len(data.encode("utf-8"))
+        chunk = _chunk(work, seq, stream, clean_text(data))
         with self.db.session() as session:
             repeat = session.exec(
                 select(LogChunk.id).where(LogChunk.work_id == work.id, LogChunk.seq == seq)
             ).first()
             if repeat is not None:
                 return False
-            chunk = LogChunk(
-                job=work.job,
-                work_id=work.id,
-                epoch=work.epoch,
-                node_rank=work.node_rank,
-                seq=seq,
-                stream=stream,
-                data=data,
-                size=size,
-                created_at=utcnow(),
-            )
             session.add(chunk)
             try:
                 session.flush()
             except IntegrityError:  # the same chunk, sent twice at once: one of them is kept
                 session.rollback()
                 return False
-            kept = session.execute(self._count(work.job, size)).scalar_one()
+            kept = session.execute(self._count(work.job, chunk.size)).scalar_one()
             if kept > cap:
                 self._drop_oldest(session, work, kept - cap, cap)
             session.commit()
@@ -166,20 +169,7 @@ class LogRecords:
                 col(LogChunk.job) == work.job, col(LogChunk.stream) == NOTE_STREAM
             )
         )
-        note = cap_note(total, cap)
-        session.add(
-            LogChunk(
-                job=work.job,
-                work_id=work.id,
-                epoch=work.epoch,
-                node_rank=work.node_rank,
-                seq=NOTE_SEQ,
-                stream=NOTE_STREAM,
-                data=note,
-                size=len(note),
-                created_at=utcnow(),
-            )
-        )
+        session.add(_chunk(work, NOTE_SEQ, NOTE_STREAM, cap_note(total, cap)))
 
     def chunks(
         self, job: str, after: int = 0, node: int | None = None, limit: int = 1000
