@@ -194,8 +194,14 @@ class JobSpecError(ValueError):
 
 
 def format_validation_error(error: ValidationError) -> str:
+    """One `where: what` per problem. A whole-model validator has no location of its own; its
+    message starts with the field it is about ("setup: needs run"), so it is used as it is."""
     lines = []
     for problem in error.errors():
+        cause = problem.get("ctx", {}).get("error")
+        if not problem["loc"] and isinstance(cause, ValueError):
+            lines.append(str(cause))
+            continue
         where = ".".join(str(part) if part != "" else '""' for part in problem["loc"]) or "(spec)"
         lines.append(f"{where}: {problem['msg']}")
     return "; ".join(lines)
