@@ -37,7 +37,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -55,7 +55,7 @@ from chaos.processes import DevServer, WorkerProcess
 from chaos.report import Check, JobOutcome, Summary
 from chaos.runs import judge_largest, judge_runs
 from chaos.stalls import THRESHOLD, JobTimes, find_stalls, stall_lines
-from chaos.workers import OTHER, jobs_held_by, tasks_by_worker, wait_for_takeover
+from chaos.workers import OTHER, tasks_by_worker
 from gpuprov import search_attributes
 from gpuprov.api import create_app, serving
 from gpuprov.client import GpuprovClient, GpuprovError, JobAlreadyExists, JobHandle, JobNotFound
@@ -87,10 +87,6 @@ CLOSED = {
 WATCH_INTERVAL = 1.0  # one visibility list call per interval for every job
 DESCRIBE_SWEEP = 10.0  # and a describe of each open job this often (visibility may lag)
 RECONCILE_TIMEOUT = timedelta(minutes=3)
-# A killed worker's jobs move once Temporal gives up on it: about 10 s for a cached workflow
-# (the sticky queue's poller gone), an activity's timeout for an attempt in flight.
-TAKEOVER_LIMIT = 45.0
-AIM_LIMIT = 15.0  # how long a kill in a multi-worker run waits for its worker to hold a job
 
 
 class ChaosRun:
@@ -338,8 +334,6 @@ class ChaosRun:
             self.disruptions_done.set()
 
     async def _kill_worker(self, worker: WorkerProcess, pause: float) -> None:
-        if len(self.workers) > 1:
-            await self._aim_kill(worker)
         async with self.worker_lock:
             pid = worker.pid
             worker.kill()
@@ -350,53 +344,9 @@ class ChaosRun:
             running = f"{self._running_workers()}/{others} other worker(s) up; " if others else ""
             open_jobs = f"{self._open_jobs()} job(s) open"
             self.event(f"{kill} (pid {pid}); {open_jobs}; {running}down {pause:g}s")
-            killed_at = datetime.now(UTC).replace(tzinfo=None)  # history times are naive UTC
             await asyncio.sleep(pause)
-            if pid is not None and self._running_workers():
-                await self._await_takeover(worker, pid, killed_at)
             worker.start()
         self.event(f"{worker.name} restarted (pid {worker.pid})")
-
-    async def _aim_kill(self, worker: WorkerProcess) -> None:
-        """Waits (at most AIM_LIMIT) until the worker holds an open job, so that killing it moves
-        a job to another worker; without one by then, the kill goes ahead as planned."""
-        assert self.client is not None
-        deadline = time.monotonic() + AIM_LIMIT
-        while time.monotonic() < deadline and not self._all_jobs_ended():
-            pid = worker.pid
-            if pid is not None and await jobs_held_by(self.client, self._open_ids(), pid):
-                return
-            await asyncio.sleep(0.5)
-        self.event(f"{worker.name} held no open job within {AIM_LIMIT:g}s; killing it anyway")
-
-    def _all_jobs_ended(self) -> bool:
-        return self.all_submitted.is_set() and not self._open_jobs()
-
-    def _open_ids(self) -> list[str]:
-        return [
-            job.workflow_id
-            for job in self.plan.jobs
-            if job.submitted_at is not None and not job.state and job.handle is not None
-        ]
-
-    async def _await_takeover(self, worker: WorkerProcess, pid: int, killed_at: datetime) -> None:
-        """Keeps the killed worker down until another worker has taken over its open jobs."""
-        assert self.client is not None
-        takeover = await wait_for_takeover(
-            self.client, self._open_ids(), pid, killed_at, TAKEOVER_LIMIT
-        )
-        if not takeover.held:
-            return
-        self.event(
-            f"{worker.name} held {len(takeover.held)} open job(s); after {takeover.waited:.1f}s "
-            f"down: taken over {len(takeover.taken_over)}, ended {len(takeover.ended)}, "
-            f"still waiting {len(takeover.waiting)}"
-        )
-        if takeover.waiting:
-            self.summary.findings.append(
-                f"no other worker took over {', '.join(takeover.waiting)} within "
-                f"{TAKEOVER_LIMIT:g}s of killing {worker.name} (restarted it anyway)"
-            )
 
     def _running_workers(self) -> int:
         return sum(1 for worker in self.workers if worker.running)

@@ -1,12 +1,10 @@
 """The chaos harness with two worker processes on PostgreSQL (`--workers 2 --database
 postgresql`, docs/reliability.md): the plan sends kills to each worker in turn, and a small run
 (its own PostgreSQL server, each worker with its own data dir, each SIGKILLed on its own) keeps
-every promise, with both workers having run tasks of the jobs and a killed worker's job taken
-over by the other while it was down. Only outcomes are asserted."""
+every promise, with both workers having run tasks of the jobs. Only outcomes are asserted."""
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -57,8 +55,5 @@ def test_two_workers_on_postgresql_keep_every_promise(tmp_path: Path) -> None:
     assert "worker SIGKILLs 2/2, dev server restarts 1/1" in summary
     assert "[PASS] every worker process ran tasks of the jobs" in summary
     assert "SIGKILL worker 1 #" in run.stderr and "SIGKILL worker 2 #" in run.stderr
-    takeover = r"held \d+ open job\(s\); after [\d.]+s down: taken over (\d+)"
-    takeovers = re.findall(takeover, run.stderr)
-    assert any(int(n) > 0 for n in takeovers), run.stderr[-4000:]
     assert "PostgreSQL database chaos_" in run.stderr
     assert "**FAIL**" not in out.read_text()
