@@ -55,7 +55,7 @@ from chaos.processes import DevServer, WorkerProcess
 from chaos.report import Check, JobOutcome, Summary
 from chaos.runs import judge_largest, judge_runs
 from chaos.stalls import THRESHOLD, JobTimes, find_stalls, stall_lines
-from chaos.workers import OTHER, tasks_by_worker
+from chaos.workers import OTHER, SPREAD_JOBS_PER_WORKER, polling_pids, tasks_by_worker
 from gpuprov import search_attributes
 from gpuprov.api import create_app, serving
 from gpuprov.client import GpuprovClient, GpuprovError, JobAlreadyExists, JobHandle, JobNotFound
@@ -129,6 +129,7 @@ class ChaosRun:
         self._supervisor: asyncio.Future[Any] | None = None
         self._starting: list[asyncio.Task[Any]] = []  # hostile starts (an impostor waits)
         self.player: NodePlayer | None = None  # plays the nodes of the jobs that run
+        self.polling: set[int] = set()  # pids seen polling the task queue in the chaos phase
 
     # ------------------------------------------------------------------ helpers
 
@@ -268,6 +269,8 @@ class ChaosRun:
         self._supervisor = asyncio.ensure_future(self._supervise_worker())
         monkey = self._spawn(self._disrupt(), "monkey")
         submitter = self._spawn(self._submit_all(), "submitter")
+        if len(self.workers) > 1:
+            self._spawn(self._watch_pollers(), "pollers")
         self._play_nodes()
         await self._watch_until_terminal()
         for task in (monkey, submitter):
@@ -611,8 +614,17 @@ class ChaosRun:
             "(for the others see 'workflow task waits')"
         )
 
+    async def _watch_pollers(self) -> None:
+        """Which worker processes poll the jobs' task queue, sampled until the tasks stop."""
+        assert self.client is not None
+        while True:
+            with contextlib.suppress(Exception):  # a server restarting: the next sample
+                self.polling |= await polling_pids(self.client, self.task_queue)
+            await asyncio.sleep(1.0)
+
     async def _check_every_worker_served(self) -> None:
-        """With several workers: each one ran workflow or activity tasks of the jobs."""
+        """With several workers: each one polled the jobs' task queue while they ran and, in a
+        run with enough jobs to spread, ran workflow or activity tasks of them."""
         if len(self.workers) < 2:
             return
         assert self.client is not None
@@ -620,11 +632,17 @@ class ChaosRun:
         submitted = [job.workflow_id for job in self.plan.jobs if job.handle is not None]
         tally = await tasks_by_worker(self.client, submitted, names)
         counted = [worker.name for worker in self.workers] + ([OTHER] if tally[OTHER] else [])
+        polled = [w.name for w in self.workers if self.polling & set(w.pids)]
+        spread = len(submitted) >= SPREAD_JOBS_PER_WORKER * len(self.workers)
+        ran = all(tally[worker.name] > 0 for worker in self.workers)
+        tasks = ", ".join(f"{name} {tally[name]}" for name in counted)
+        rule = "required" if spread else f"not required under {SPREAD_JOBS_PER_WORKER} jobs each"
         self.summary.checks.append(
             Check(
-                "every worker process ran tasks of the jobs (workflow and activity tasks)",
-                all(tally[worker.name] > 0 for worker in self.workers),
-                ", ".join(f"{name} {tally[name]}" for name in counted),
+                "every worker process polled the jobs' task queue, and ran tasks of them in a "
+                "run big enough to spread",
+                len(polled) == len(self.workers) and (ran or not spread),
+                f"polled: {', '.join(polled) or 'none'}; tasks ({rule}): {tasks}",
             )
         )
 
