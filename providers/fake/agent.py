@@ -150,7 +150,8 @@ async def run_work(api_url: str, credential: str, watch: Watch) -> None:
                 await asyncio.sleep(WORK_POLL)
                 continue
             assignment = await _call(http, "GET", "/v1/work", retry=False)
-            if isinstance(assignment, dict) and assignment.get("id") not in done:
+            # {} is "none yet": a reserved node can ask before its job has written the work.
+            if isinstance(assignment, dict) and assignment and assignment["id"] not in done:
                 done.add(assignment["id"])
                 await _execute(http, assignment)
                 pause = WORK_POLL
