@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpuprov import service
-from tests.gpuprov.test_join import ControlPlane, control_plane, create_token, gpuprov, workers
+from tests.gpuprov.test_join import ControlPlane, control_plane, join_with_new_token, workers
 
 __all__ = ["control_plane"]  # the fixture, used by name
 
@@ -68,14 +68,7 @@ async def test_join_prints_a_foreground_command_that_heartbeats(
     control_plane: ControlPlane, tmp_path
 ):
     plane = control_plane
-    token = await create_token(plane, "gpu-box-9")
-    token_file = tmp_path / "token"
-    token_file.write_text(token + "\n")
-    token_file.chmod(0o600)
-
-    code, out, err = await gpuprov(
-        "join", "--url", plane.url, "--token-file", str(token_file), env=plane.env
-    )
+    token, code, out, err = await join_with_new_token(plane, "gpu-box-9", tmp_path)
 
     assert code == 0, err
     assert "no systemd service installed" in out

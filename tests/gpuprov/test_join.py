@@ -94,6 +94,21 @@ async def create_token(plane: ControlPlane, label: str) -> str:
     return token
 
 
+async def join_with_new_token(
+    plane: ControlPlane, label: str, tmp_path: Path
+) -> tuple[str, int, str, str]:
+    """`gpuprov join` as a user runs it with a fresh token for `label` in a 0600 file: the token,
+    and the command's exit status, stdout and stderr."""
+    token = await create_token(plane, label)
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    code, out, err = await gpuprov(
+        "join", "--url", plane.url, "--token-file", str(token_file), env=plane.env
+    )
+    return token, code, out, err
+
+
 def workers(records: Records) -> list[WorkerRecord]:
     with records.db.session() as session:
         return list(session.exec(select(WorkerRecord)).all())
@@ -110,14 +125,7 @@ def rows_containing(records: Records, text: str) -> list[str]:
 
 async def test_token_create_then_join_registers_an_idle_existing_worker(control_plane, tmp_path):
     plane = control_plane
-    token = await create_token(plane, "gpu-box-1")
-    token_file = tmp_path / "token"
-    token_file.write_text(token + "\n")
-    token_file.chmod(0o600)
-
-    code, out, err = await gpuprov(
-        "join", "--url", plane.url, "--token-file", str(token_file), env=plane.env
-    )
+    token, code, out, err = await join_with_new_token(plane, "gpu-box-1", tmp_path)
 
     assert code == 0, err
     [worker] = workers(plane.records)
