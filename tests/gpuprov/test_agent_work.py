@@ -43,7 +43,7 @@ async def api_on(records: Records, port: int) -> AsyncIterator[str]:
 async def node(
     records: Records, tmp_path: Path, python: str = sys.executable
 ) -> AsyncIterator[tuple[Daemon, str, int]]:
-    """A registered node: its agent, the API's URL and port, and its worker id."""
+    """A registered node: its agent, its worker id and the API's port."""
     root = tmp_path / "node"
     install(root / "bin")
     token, port = vm_token(records), free_port()
@@ -52,6 +52,9 @@ async def node(
         try:
             found = await until(lambda: records.workers_of_vms([VM]), "registration")
             [worker_id] = [row.id for row in found.values()]
+            # The row is written before the agent has its answer and saves the credential.
+            kept = daemon.state_dir / agent.CREDENTIAL_FILE
+            await until(kept.exists, "the credential kept")  # written aside, then renamed
             yield daemon, worker_id, port
         finally:
             stop(daemon)
@@ -126,7 +129,9 @@ async def test_setup_then_run_their_output_in_order_and_the_end_with_its_last_li
         shell_own = {"PWD", "OLDPWD", "SHLVL", "_", "LC_CTYPE"}  # LC_CTYPE: PEP 538
         assert set(env) - shell_own == {"PATH", "HOME", "GPUPROV_NODE_RANK", "GREETING"}
         assert credential not in json.dumps(lines)
-        assert not work_dir(daemon, work_id).exists()  # its end reported: nothing left
+        # The agent reports the end first and then removes the directory (a crash between
+        # the two re-reports it), so the removal follows the row by a moment.
+        await until(lambda: not work_dir(daemon, work_id).exists(), "its directory removed")
         assert credential not in daemon.log
 
 
