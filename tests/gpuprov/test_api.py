@@ -101,13 +101,6 @@ def app(records: Records) -> FastAPI:
     return create_app(records)
 
 
-@pytest.fixture
-async def api(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
-        yield client
-
-
 async def rejected(
     api: httpx.AsyncClient, records: Records, status: int, **request: Any
 ) -> httpx.Response:

@@ -5,7 +5,6 @@ changes nothing in the database; an address that keeps getting secrets wrong is 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -18,6 +17,7 @@ from gpuprov.api import create_app
 from gpuprov.auth import AuthFailures
 from gpuprov.credentials import Credentials
 from gpuprov.records import Records
+from tests.gpuprov.in_process import OTHER_CALLER, client_for
 from tests.gpuprov.test_api import (
     LABEL,
     REGISTER,
@@ -27,9 +27,6 @@ from tests.gpuprov.test_api import (
     snapshot,
     vm_token,
 )
-
-CALLER = ("203.0.113.7", 40000)
-OTHER_CALLER = ("198.51.100.9", 40000)
 
 
 class Clock:
@@ -53,17 +50,6 @@ def failures(clock: Clock) -> AuthFailures:
 @pytest.fixture
 def app(records: Records, failures: AuthFailures) -> FastAPI:
     return create_app(records, auth_failures=failures)
-
-
-def client_for(app: FastAPI, caller: tuple[str, int] = CALLER) -> httpx.AsyncClient:
-    transport = httpx.ASGITransport(app=app, client=caller)
-    return httpx.AsyncClient(transport=transport, base_url="http://api")
-
-
-@pytest.fixture
-async def api(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    async with client_for(app) as client:
-        yield client
 
 
 @pytest.fixture

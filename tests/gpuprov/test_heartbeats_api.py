@@ -3,8 +3,6 @@ transport), on SQLite and PostgreSQL. A refused call leaves every table as it wa
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import httpx
 import pytest
 from fastapi import FastAPI
@@ -23,13 +21,6 @@ SETTINGS = WorkersSettings(heartbeat_interval_seconds=7.5, lost_after_seconds=20
 @pytest.fixture
 def app(records: Records) -> FastAPI:
     return create_app(records, workers=SETTINGS)
-
-
-@pytest.fixture
-async def api(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
-        yield client
 
 
 @pytest.fixture

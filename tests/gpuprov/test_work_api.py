@@ -7,7 +7,6 @@ Temporal dev server."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from datetime import timedelta
 
 import httpx
@@ -25,6 +24,7 @@ from gpuprov.liveness import Liveness
 from gpuprov.logs import LogRecords
 from gpuprov.records import Records
 from gpuprov.work import Assignment, RunCommand, WorkRecords
+from tests.gpuprov.in_process import client_for
 from tests.gpuprov.test_api import JOB, REGISTER, body, snapshot, vm_token
 from tests.gpuprov.test_auth import bearer
 
@@ -35,13 +35,6 @@ COMMAND = RunCommand(setup="true", run="echo rank $GPUPROV_NODE_RANK", env={"A":
 @pytest.fixture
 def app(records: Records) -> FastAPI:
     return create_app(records, jobs=JOBS)
-
-
-@pytest.fixture
-async def api(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api") as client:
-        yield client
 
 
 async def register(api: httpx.AsyncClient, records: Records, node: int, job: str = JOB) -> dict:
@@ -288,9 +281,8 @@ async def test_a_report_wakes_the_job_at_once_and_the_sweep_has_nothing_left(
         return client
 
     app = create_app(records, jobs=JOBS, temporal=client if given == "client" else connect)
-    transport = httpx.ASGITransport(app=app)
     async with (
-        httpx.AsyncClient(transport=transport, base_url="http://api") as api,
+        client_for(app) as api,
         Worker(
             client,
             task_queue=task_queue,
@@ -333,8 +325,7 @@ async def test_without_temporal_a_report_still_counts_and_the_sweep_tells_the_jo
     records: Records, temporal
 ):
     app = create_app(records, jobs=JOBS, temporal=temporal)
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://api") as api:
+    async with client_for(app) as api:
         node = await register(api, records, 0)
         WorkRecords(records.db).assign(
             JOB, 0, [Assignment(rank=0, worker_id=node["worker_id"], command=COMMAND)]
