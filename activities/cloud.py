@@ -34,10 +34,12 @@ from temporalio import activity
 
 from activities.enrolment import Enrolment
 from activities.errors import to_application_error
+from activities.fencing import CallFence
 from activities.heartbeat import Heartbeater
 from activities.observe_hub import ObserveHub
 from activities.redaction import scrubbed
 from activities.ssh_keys import KeyStore, host_key_cloud_config
+from gpuprov.fences import VmFences
 from providers.base import (
     Capabilities,
     CloudProvider,
@@ -111,8 +113,11 @@ class CloudActivities:
         *,
         ssh_bootstrap: set[str] | None = None,
         keys: KeyStore | None = None,
+        fences: VmFences | None = None,
     ) -> None:
         self._providers = providers
+        # Prepare and create hold their VM's claim; retire fences the VM first (no database: none).
+        self._fence = CallFence(fences)
         self._skipped = dict(skipped or {})  # configured clouds left out, and why
         # Providers whose nodes the core bootstraps over SSH with the deployment key in `keys`.
         self._ssh_bootstrap = set(ssh_bootstrap or ())
@@ -183,7 +188,7 @@ class CloudActivities:
     @activity.defn(name="prepare")
     async def prepare(self, request: PrepareInput) -> dict[str, Any]:
         provider = self._provider(request.offer.provider)
-        async with _beating():
+        async with _beating(), self._fence.holding(request.spec.vm, "prepare"):
             with scrubbed(provider, spec=request.spec):
                 spec = await asyncio.to_thread(self._keyed, request.offer.provider, request.spec)
                 return await provider.prepare(request.offer, spec)
@@ -194,7 +199,7 @@ class CloudActivities:
         spec = request.spec
         # Heartbeats let Temporal notice a dead worker within the heartbeat timeout instead
         # of the whole start-to-close timeout; the retry then observes and adopts.
-        async with _beating():
+        async with _beating(), self._fence.holding(spec.vm, "create"):
             return await self._create_once(request, provider, spec)
 
     @activity.defn(name="launch")
@@ -205,7 +210,7 @@ class CloudActivities:
         creates. A failure names its part, `prepare` or `create`."""
         provider = self._provider(request.offer.provider)
         spec = request.spec
-        async with _beating():
+        async with _beating(), self._fence.holding(spec.vm, "create"):
             adopted = await self._adopted(provider, request.offer, spec, step="create")
             if adopted is not None:
                 return adopted
@@ -332,6 +337,10 @@ class CloudActivities:
         # A retry keeps the wait's deadline, as wait_gone does.
         progress = Heartbeater.resume(WaitProgress, WaitProgress(started_at=time.time()))
         async with Heartbeater(progress, beat_at_start=False) as heartbeat:
+            # No prepare or create of this identity reaches the cloud from here on, and one
+            # still in flight has finished (or lapsed) before anything is looked for.
+            if await self._fence.raise_fence(request.vm):
+                heartbeat.note(progress.model_copy(update={"started_at": time.time()}))
             with scrubbed(provider, "delete"):
                 ids = await _delete_by_identity(provider, request)
             gone = request.model_copy(update={"ids": ids})

@@ -135,6 +135,25 @@ class VmRecord(Table, table=True):
     launched_at: datetime | None = _time(nullable=True)
 
 
+class VmFence(Table, table=True):
+    """What may still act on a VM identity in the cloud, and whether its teardown has begun.
+
+    A row per VM identity, written by the first prepare, create or teardown that names it (a
+    prepare runs before the VM row exists). `call_until`: a prepare or create call may still
+    land until then (its owner, one activity attempt, clears it when the call returns); a
+    teardown waits for that moment before it looks for what to delete. `fenced_at`: teardown
+    has begun, and no prepare or create for this identity calls the cloud again.
+    """
+
+    __tablename__ = "vm_fences"
+
+    vm: str = Field(primary_key=True)
+    fenced_at: datetime | None = _time(nullable=True)
+    call_owner: str | None = None  # "<workflow run>/<activity id>/<attempt>"
+    call_until: datetime | None = _time(nullable=True)
+    updated_at: datetime = _time()
+
+
 class JoinToken(Table, table=True):
     """A single-use join token: only its SHA-256 is stored, bound to one VM or one label."""
 

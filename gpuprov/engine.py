@@ -43,6 +43,7 @@ from gpuprov.config import (
 )
 from gpuprov.connection import connect_temporal
 from gpuprov.db import DatabaseUnavailable, open_database
+from gpuprov.fences import VmFences
 from gpuprov.records import Records
 from gpuprov.ssh_records import SshRecords
 from gpuprov.work import WorkRecords
@@ -142,7 +143,12 @@ def build_worker(
         else []
     )
     cloud = CloudActivities(
-        providers, enrolment, skipped, ssh_bootstrap=set(ssh_bootstrap or ()), keys=keys
+        providers,
+        enrolment,
+        skipped,
+        ssh_bootstrap=set(ssh_bootstrap or ()),
+        keys=keys,
+        fences=VmFences(records.db),
     )
     if not sandboxed:
         worker_options.setdefault("workflow_runner", UnsandboxedWorkflowRunner())

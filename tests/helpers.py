@@ -74,11 +74,12 @@ async def fake_worker(
     shuffle_offers: int | None = None,  # the fake's plan order: a seeded shuffle
     *,
     sandboxed: bool = True,
+    cloud_type: type[FakeCloud] = FakeCloud,  # a test's own variant of the fake cloud
 ) -> AsyncIterator[tuple[GpuprovClient, FakeCloud]]:
     """A worker with the fake cloud and a real database (a fresh SQLite file unless given)."""
     with tempfile.TemporaryDirectory(prefix="gpuprov-test-") as data_dir:
         own_records = records or open_records(f"sqlite:///{data_dir}/gpuprov.db")
-        cloud = FakeCloud(config, shuffle_offers=shuffle_offers)
+        cloud = cloud_type(config, shuffle_offers=shuffle_offers)
         worker = build_worker(
             client, task_queue, {"fake": cloud}, own_records, api_url=api_url, sandboxed=sandboxed
         )

@@ -25,7 +25,10 @@ CREDENTIAL_TABLES = {"worker_credentials", "operator_keys"}
 WORK_TABLES = {"work", "log_chunks"}
 SSH_TABLES = {"ssh_host_keys", "ssh_client_keys"}
 LOG_USAGE_TABLES = {"log_usage"}
-TABLES = INITIAL_TABLES | CREDENTIAL_TABLES | SSH_TABLES | WORK_TABLES | LOG_USAGE_TABLES
+FENCE_TABLES = {"vm_fences"}
+TABLES = (
+    INITIAL_TABLES | CREDENTIAL_TABLES | SSH_TABLES | WORK_TABLES | LOG_USAGE_TABLES | FENCE_TABLES
+)
 
 
 def schema(db: Database) -> dict[str, Any]:
@@ -72,7 +75,7 @@ def test_upgrade_creates_exactly_the_tables(empty: Database):
 
     assert set(sa.inspect(empty.engine).get_table_names()) == TABLES | {"alembic_version"}
     assert {table.name for table in metadata.sorted_tables} == TABLES
-    assert empty.current_revision() == head() == "0008_log_usage"
+    assert empty.current_revision() == head() == "0009_vm_fences"
     described = schema(empty)
     assert ("uq_vms_vm", ("vm",)) in described["vms"]["unique"]
     assert ("uq_blocks_scope_key", ("scope", "key")) in described["blocks"]["unique"]
