@@ -81,6 +81,11 @@ MAX_EVENTS_PER_RUN = 8_000
 # period, SIGKILL) before the teardown goes ahead anyway.
 STOP_WAIT = timedelta(seconds=90)
 STOP_RECHECK = timedelta(seconds=5)
+# Changes behind `workflow.patched` (docs/architecture.md, "Changing workflow code safely"):
+# the job's unwind sees the winning attempt's nodes when a cancel lands as that attempt ends;
+UNWIND_PROVISIONED_ON_CANCEL = "unwind-provisioned-on-cancel"
+# work handed to the nodes is stopped and closed at every ending, even before its state was read.
+STOP_ASSIGNED_WORK = "stop-assigned-work"
 
 
 class NodeLost(Exception):
@@ -99,6 +104,7 @@ class ProvisionJob:
         self._provisioning: Provisioning | None = None
         self._epoch = 0  # the run's restarts so far: each epoch's work rows are its own
         self._next_check: datetime | None = None
+        self._work_assigned = False  # this run handed the current epoch's work to the nodes
 
     @workflow.query
     def status(self) -> JobStatus:
@@ -255,7 +261,15 @@ class ProvisionJob:
             prefetched_blocks=self._prefetched_blocks,
         )
         self._prefetched_blocks = None
-        await self._provisioning.within_timeout()
+        try:
+            await self._provisioning.within_timeout()
+        except asyncio.CancelledError:
+            # A cancel that lands as the winning attempt finishes finds its nodes up and its
+            # compensations on the attempt's stack: the job's unwind must see them (an attempt
+            # cancelled midway has undone its own stack already, so this adds nothing then).
+            if workflow.patched(UNWIND_PROVISIONED_ON_CANCEL):
+                self._stack = self._provisioning.stack
+            raise
         self._stack = self._provisioning.stack  # the winning attempt's: undone at release
         self._capabilities = self._provisioning.capabilities
 
@@ -308,6 +322,7 @@ class ProvisionJob:
         follow it until it ends everywhere, the job is released, or a node is lost."""
         epoch = EpochInput(job=self._spec.name, epoch=self._epoch)
         nodes = self._placed_nodes()
+        self._work_assigned = True  # before the step: a cancel may land while it commits
         await run_step(
             WorkActivities.assign_work,
             AssignInput(
@@ -416,6 +431,7 @@ class ProvisionJob:
         await self._unwind()
         await self._free_workers()
         self._epoch += 1
+        self._work_assigned = False
         self._status.work, self._status.health, self._next_check = [], [], None
         await self._place()
 
@@ -439,7 +455,11 @@ class ProvisionJob:
     async def _stop_work(self) -> None:
         """Ask the nodes to stop the work (SIGTERM, grace, SIGKILL) and wait, boundedly, for
         them to say it ended; the teardown that follows ends what is left anyway."""
-        if self._spec.run is None or not self._status.work:
+        if self._spec.run is None:
+            return
+        if not self._status.work and not (
+            self._work_assigned and workflow.patched(STOP_ASSIGNED_WORK)
+        ):
             return
         epoch = EpochInput(job=self._spec.name, epoch=self._epoch)
         try:

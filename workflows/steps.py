@@ -39,12 +39,12 @@ with workflow.unsafe.imports_passed_through():
 SHORT_STEP = timedelta(seconds=30)
 CLOUD_STEP = timedelta(minutes=5)
 WAIT_MARGIN = timedelta(minutes=2)
-# A wait heartbeats every third of its timeout; 15 s at least, so an overloaded (not dead)
-# worker's late beats do not time its waits out (1000 jobs on 2 cores did, at 5 s).
-MIN_HEARTBEAT = 15.0
-# Cloud calls heartbeat while they run, so a dead worker is noticed in seconds instead of after
-# the 5-minute start-to-close (each step a killed worker held stalled its job that long).
-CALL_HEARTBEAT = timedelta(seconds=15)
+# Every step that talks to a cloud heartbeats (a background beat at a third of this, whatever
+# the step is doing), so a step held by a dead worker is handed out again within about this
+# long plus the retry's first backoff, instead of after its start-to-close timeout. An
+# overloaded worker whose beat comes late only costs a retry: the retry waits for the first
+# attempt's cloud call to finish (activities/fencing.py) and adopts what it made.
+CALL_HEARTBEAT = timedelta(seconds=10)
 K3S_STEP = timedelta(minutes=30)  # the installers on every node, with their downloads
 K3S_HEARTBEAT = timedelta(seconds=60)
 HEALTH_STEP = timedelta(minutes=3)
@@ -68,10 +68,6 @@ def _bootstrap(hints: Capabilities) -> timedelta:
 
 def _retire(hints: Capabilities) -> timedelta:
     return wait_timeout(hints.delete_timeout) + 2 * CLOUD_STEP
-
-
-def _polling(hints: Capabilities) -> timedelta:
-    return timedelta(seconds=max(MIN_HEARTBEAT, 4 * hints.poll_interval))
 
 
 @dataclass(frozen=True)
@@ -121,12 +117,14 @@ STEPS: dict[Callable[..., Any], Step] = {
     CloudActivities.prepare: _cloud_call(Stage.ATTEMPT),
     CloudActivities.create: _cloud_call(Stage.ATTEMPT, wait_cancellation=True),
     CloudActivities.launch: _cloud_call(Stage.ATTEMPT, 2 * CLOUD_STEP, wait_cancellation=True),
-    CloudActivities.wait_running: Step(Stage.ATTEMPT, policy.FORWARD_RETRY, _boot, _polling),
-    CloudActivities.retire: Step(Stage.TEARDOWN, policy.TEARDOWN_RETRY, _retire, _polling),
+    CloudActivities.wait_running: Step(Stage.ATTEMPT, policy.FORWARD_RETRY, _boot, CALL_HEARTBEAT),
+    CloudActivities.retire: Step(Stage.TEARDOWN, policy.TEARDOWN_RETRY, _retire, CALL_HEARTBEAT),
     # the node
-    BootstrapActivities.bootstrap: Step(Stage.ATTEMPT, policy.FORWARD_RETRY, _bootstrap, _polling),
+    BootstrapActivities.bootstrap: Step(
+        Stage.ATTEMPT, policy.FORWARD_RETRY, _bootstrap, CALL_HEARTBEAT
+    ),
     RegistrationActivities.await_registrations: Step(
-        Stage.ATTEMPT, policy.FORWARD_RETRY, _boot, _polling
+        Stage.ATTEMPT, policy.FORWARD_RETRY, _boot, CALL_HEARTBEAT
     ),
     K3sActivities.setup_k3s: Step(Stage.ATTEMPT, policy.FORWARD_RETRY, K3S_STEP, K3S_HEARTBEAT),
     HealthActivities.check_health: Step(Stage.ATTEMPT, policy.FORWARD_RETRY, HEALTH_STEP),
