@@ -71,6 +71,13 @@ def parse(argv: list[str]) -> tuple[Options, Path | None]:
         help="share of submissions that are hostile raw starts (0.05)",
     )
     parser.add_argument(
+        "--mid-step-fraction",
+        type=float,
+        default=0.05,
+        help="share of jobs whose provisioning timeout lands while their creates are in flight "
+        "(each create lands after the timeout, whatever the job did meanwhile) (0.05)",
+    )
+    parser.add_argument(
         "--largest",
         type=int,
         default=None,
@@ -110,9 +117,16 @@ def parse(argv: list[str]) -> tuple[Options, Path | None]:
         parser.error("--workers must be at least 1")
     if args.postgres_url and args.database != "postgresql":
         parser.error("--postgres-url needs --database postgresql")
-    fractions = (args.cancel_fraction, args.run_fraction, args.hostile_fraction)
+    fractions = (
+        args.cancel_fraction,
+        args.run_fraction,
+        args.hostile_fraction,
+        args.mid_step_fraction,
+    )
     if not all(0 <= fraction <= 1 for fraction in fractions) or sum(fractions) > 1:
-        parser.error("the cancel, run and hostile fractions are shares of the jobs (0-1 in all)")
+        parser.error(
+            "the cancel, run, hostile and mid-step fractions are shares of the jobs (0-1 in all)"
+        )
     largest = args.largest if args.largest is not None else (1 if args.jobs >= 20 else 0)
     if not 0 <= largest <= args.jobs:
         parser.error("--largest must be between 0 and --jobs")
@@ -133,6 +147,7 @@ def parse(argv: list[str]) -> tuple[Options, Path | None]:
         postgres_url=args.postgres_url,
         run_fraction=args.run_fraction,
         hostile_fraction=args.hostile_fraction,
+        mid_step_fraction=args.mid_step_fraction,
         largest=largest,
     )
     return options, args.out

@@ -7,7 +7,8 @@ harness polls the job's status query and cancels it the first time the status sh
 point, or, when it only ever sees a later one (the point can be shorter than a poll), at the
 first later point it sees; the summary says which. Short points are made longer by a fault
 rule aimed at the job (whichever attempt gets there first), so that a poll can see them: a 3 s
-delay on a create (creating), a boot that hangs (booting), an agent that never registers
+create that lands whatever the job does meanwhile (creating: the cancel meets a create in
+flight), a boot that hangs (booting), an agent that never registers
 (registering), a 3 s delay on a cleanup (releasing). A job cancelled at `ready` is held there
 (never released); at `releasing` it is released when ready, then cancelled while it tears
 down; at `running` it is a job that runs until it is stopped.
@@ -79,7 +80,8 @@ def aid_rules(job: str, point: str) -> list[FaultRule]:
     """Fault rules that make `point` long enough to be seen (none for the long ones)."""
     message = f"chaos: to cancel {job} while {point}"
     aids = {
-        "creating": dict(primitive="create", effect="delay", delay_seconds=AID_DELAY),
+        # The create is still carried out after the cancel: a request already at the cloud.
+        "creating": dict(primitive="create", effect="lands_late", delay_seconds=AID_DELAY),
         "booting": dict(primitive="create", effect="boot_hang"),
         "registering": dict(primitive="create", effect="no_agent"),
         "releasing": dict(primitive="cleanup", effect="delay", delay_seconds=AID_DELAY),

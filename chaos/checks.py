@@ -116,14 +116,41 @@ def standard_checks(
             f"server restarts {summary.restarts_done}/{summary.restarts_requested}",
         )
     )
-    # Findings: worth reading, not fatal by themselves.
-    for vm in unrecorded:
-        job = jobs.get(_job_of(vm), _no_job())
-        summary.findings.append(
-            f"{vm} was still running when every job had ended, with no orphan record "
-            f"(only a listing reconciler can find it); job {job.name} ended {job.state}, "
-            f"leaks {job.leaks or 'none'}, faults {job.faults or 'none'}"
+    checks.append(
+        Check(
+            "machines live with no orphan record when every job had ended (must be 0)",
+            not unrecorded,
+            f"{len(unrecorded)} (a listing reconciler is the only one that could find them)",
+            [
+                f"seed {summary.seed}: {vm}: job {job.name} ended {job.state}, "
+                f"leaks {job.leaks or 'none'}, faults {job.faults or 'none'}"
+                for vm in unrecorded
+                for job in [jobs.get(_job_of(vm), _no_job())]
+            ],
         )
+    )
+    checks.append(
+        Check(
+            "work rows still open when every job had ended (must be 0)",
+            not summary.open_work,
+            f"{len(summary.open_work)}",
+            [f"seed {summary.seed}: {line}" for line in summary.open_work],
+        )
+    )
+    mid_step = [job for job in summary.jobs if "creates in flight" in job.role]
+    if mid_step:
+        timed_out = [j for j in mid_step if "provisioning timed out" in (j.error or "")]
+        odd_end = [j for j in mid_step if j.state not in ("failed", "completed")]
+        checks.append(
+            Check(
+                "timeouts that land while creates are in flight: each job ended by its timeout",
+                not odd_end,
+                f"{len(mid_step)} job(s): {len(timed_out)} timed out with their creates in "
+                f"flight, {len(mid_step) - len(timed_out)} ended otherwise first",
+                [f"seed {summary.seed}: {j.name} ended {j.state}" for j in odd_end],
+            )
+        )
+    # Findings: worth reading, not fatal by themselves.
     for job in summary.jobs:
         if job.cancel and job.cancel.startswith("sent") and job.state == "failed":
             summary.findings.append(

@@ -8,6 +8,10 @@ hostile raw starts, the largest job, and the point at which each cancelled job i
   machine preempted in the cloud's ledger, and it never reports again).
 - A **hostile** start is a raw `ProvisionJob` start with input no job may accept
   (chaos/hostile.py); the first one of a run is an impostor named like a real job of the run.
+- A **mid-step** job is a lease whose provisioning timeout (5 s) lands while the creates of
+  its first attempt are in flight: each of them takes 10 s and is carried out by the cloud
+  whatever the job did meanwhile (the fake cloud's `lands_late`), so the job unwinds with a
+  machine on its way. It must end failed by its timeout and leave nothing, on any machine.
 - The **largest** job asks for the spec's bound of nodes (256), with a provisioning timeout
   of 900 s.
 - A **cancelled** job is cancelled when its status first shows its cancel point
@@ -30,6 +34,7 @@ from typing import Literal
 
 from chaos.cancels import POINTS
 from chaos.hostile import CASES, IMPOSTOR
+from gpuprov.config import FaultRule
 
 LARGEST_NODES = 256  # JobSpec.nodes' bound
 # Its machines are torn down one after another (a failed attempt's, and at release): minutes for
@@ -37,6 +42,8 @@ LARGEST_NODES = 256  # JobSpec.nodes' bound
 LARGEST_PROVISIONING_TIMEOUT = 900
 RUN_HEALTH_INTERVAL = 2  # seconds: a killed node is found by the job's next health check
 EXIT_CODES = (1, 2, 3, 7, 42, 137)
+MID_STEP_TIMEOUT = 5  # seconds: shorter than the creates below take
+MID_STEP_CREATE_SECONDS = 10.0
 
 Ending = Literal["exit", "kill", "until_stopped"]
 
@@ -69,6 +76,7 @@ class Role:
     cancel_at: str | None = None  # a cancel point (chaos/cancels.py POINTS)
     hostile: str | None = None  # a hostile case (chaos/hostile.py CASES)
     impersonates: str | None = None  # the impostor's real job: the name its spec carries
+    mid_step: bool = False  # its provisioning timeout lands while its creates are in flight
 
     def describe(self) -> str:
         parts = [self.kind]
@@ -80,6 +88,8 @@ class Role:
             parts.append(f"named {self.impersonates}")
         if self.cancel_at is not None:
             parts.append(f"cancel at {self.cancel_at}")
+        if self.mid_step:
+            parts.append(f"times out at {MID_STEP_TIMEOUT}s with its creates in flight")
         return "; ".join(parts)
 
 
@@ -88,6 +98,7 @@ class Mix:
     cancel_fraction: float = 0.1
     run_fraction: float = 0.25
     hostile_fraction: float = 0.05
+    mid_step_fraction: float = 0.05
     largest: int = 0  # jobs of LARGEST_NODES nodes
 
 
@@ -153,7 +164,27 @@ def assign_roles(seed: int, names: list[str], nodes: list[int], mix: Mix) -> lis
         if case == IMPOSTOR:
             target = names[rng.choice(leases)]
         roles[index] = Role("hostile", hostile=case, impersonates=target)
+    # Drawn last, from a generator of its own, among the plain leases no impostor names: the
+    # rest of a seed's plan is what it was before this role existed.
+    named = {role.impersonates for role in roles.values()}
+    plain = [i for i in range(count) if i not in roles and names[i] not in named]
+    chosen = random.Random(f"{seed}/mid-step")
+    for index in sorted(
+        chosen.sample(plain, min(_share(mix.mid_step_fraction, count), len(plain)))
+    ):
+        roles[index] = Role("lease", mid_step=True)
     return [roles.get(index, Role()) for index in range(count)]
+
+
+def mid_step_rule(job: str) -> FaultRule:
+    """Every create of the job's first attempt lands after its provisioning timeout."""
+    return FaultRule(
+        primitive="create",
+        effect="lands_late",
+        delay_seconds=MID_STEP_CREATE_SECONDS,
+        vm=f"{job}-a1-",
+        message=f"chaos: {job}'s creates land after its provisioning timeout",
+    )
 
 
 def _work(rng: random.Random, card: str, nodes: int) -> Work:

@@ -15,10 +15,12 @@ from chaos.faults import FaultPlan, PlannedFault, Timings, plan_faults
 from chaos.mix import (
     LARGEST_NODES,
     LARGEST_PROVISIONING_TIMEOUT,
+    MID_STEP_TIMEOUT,
     RUN_HEALTH_INTERVAL,
     Mix,
     Role,
     assign_roles,
+    mid_step_rule,
 )
 from gpuprov.client import JobHandle
 from gpuprov.models import JobSpec, JobStatus
@@ -42,6 +44,7 @@ class Options:
     postgres_url: str | None = None  # a server to make it on; None: the harness runs one
     run_fraction: float = 0.25  # jobs with `run` (chaos/nodes.py plays their nodes)
     hostile_fraction: float = 0.05  # hostile raw starts (chaos/hostile.py)
+    mid_step_fraction: float = 0.05  # timeouts that land while creates are in flight
     largest: int = 0  # jobs of 256 nodes
 
 
@@ -104,6 +107,7 @@ def make_plan(options: Options, timings: Timings) -> Plan:
         cancel_fraction=options.cancel_fraction,
         run_fraction=options.run_fraction,
         hostile_fraction=options.hostile_fraction,
+        mid_step_fraction=options.mid_step_fraction,
         largest=options.largest,
     )
     roles = assign_roles(options.seed, names, sizes, mix)
@@ -128,6 +132,8 @@ def make_plan(options: Options, timings: Timings) -> Plan:
                 PlannedFault(rule, job.name, aid=True)
                 for rule in aid_rules(job.name, job.role.cancel_at)
             ]
+        if job.role.mid_step:
+            faults.faults.append(PlannedFault(mid_step_rule(job.name), job.name, aid=True))
     actions = ["kill_worker"] * options.kills + ["restart_server"] * options.server_restarts
     rng.shuffle(actions)
     moments = sorted(rng.uniform(0.1, 0.9) * options.window for _ in actions)
@@ -167,6 +173,8 @@ def job_spec(job: JobRun, options: Options) -> JobSpec:
     if job.role.kind == "largest":
         timeout = max(options.provisioning_timeout, LARGEST_PROVISIONING_TIMEOUT)
         data["provisioning_timeout_seconds"] = timeout
+    if job.role.mid_step:
+        data["provisioning_timeout_seconds"] = MID_STEP_TIMEOUT
     work = job.role.work
     if work is not None:
         data |= {

@@ -91,6 +91,7 @@ class Summary:
     reconcile: str = "not run"
     reconcile_detail: list[str] = field(default_factory=list)
     live_after: list[str] = field(default_factory=list)
+    open_work: list[str] = field(default_factory=list)  # work rows open when every job ended
     side_after: list[str] = field(default_factory=list)
     orphans_after: list[str] = field(default_factory=list)
     timeline: list[str] = field(default_factory=list)

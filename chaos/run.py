@@ -41,6 +41,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sqlmodel import col, select
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -59,12 +60,15 @@ from chaos.workers import OTHER, SPREAD_JOBS_PER_WORKER, polling_pids, tasks_by_
 from gpuprov import search_attributes
 from gpuprov.api import create_app, serving
 from gpuprov.client import GpuprovClient, GpuprovError, JobAlreadyExists, JobHandle, JobNotFound
+from gpuprov.db import WorkRecord
 from gpuprov.dev import free_port
 from gpuprov.engine import open_records
 from gpuprov.models import JobState
 from gpuprov.records import Records
 from providers.fake import FakeCloudState
 
+# Work rows in these states still say a node is (or may be) running the job's work.
+OPEN_WORK_STATES = ("assigned", "started", "stop_requested")
 T = TypeVar("T")
 
 RETRYABLE = {
@@ -506,6 +510,7 @@ class ChaosRun:
         summary.orphans_before_reconcile = self._open_orphans()
         orphan_vms = self._open_orphan_vms()
         unrecorded = self._unrecorded(before["live_vms"])
+        summary.open_work = self._open_work()
         await self._reconcile_once()
         await asyncio.sleep(self.timings.delete_delay + 0.5)
         after = self._ledger()
@@ -685,6 +690,15 @@ class ChaosRun:
         assert self.records is not None
         recorded = {o.vm for o in self.records.open_orphans()}
         return [vm for vm in live_vms if vm not in recorded]
+
+    def _open_work(self) -> list[str]:
+        """Work rows still open (assigned, started, stop_requested) once every job has ended."""
+        assert self.records is not None
+        with self.records.db.session() as session:
+            rows = session.exec(
+                select(WorkRecord).where(col(WorkRecord.state).in_(OPEN_WORK_STATES))
+            ).all()
+        return [f"{row.job} epoch {row.epoch} node {row.node_rank}: {row.state}" for row in rows]
 
     async def _reconcile_once(self) -> None:
         summary = self.summary

@@ -37,9 +37,10 @@ import random
 import shutil
 import tempfile
 import time
+from collections.abc import Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import providers.fake.node as node
 from providers.base import (
@@ -69,6 +70,8 @@ from providers.fake.state import FakeCloudState, InstanceRow
 from providers.settings import capabilities_from
 from providers.userdata import user_data
 
+T = TypeVar("T")
+
 PROVIDER_ID = "fake"
 PRICE_SOURCE = "simulated"
 USER_DATA_LIMIT = 64 * 1024  # what the fake cloud takes, like most clouds' user data
@@ -95,6 +98,7 @@ class FakeCloud(CloudProvider):
         self.state = state or FakeCloudState(config.state_path)
         self.shuffle_offers = shuffle_offers  # seed of plan's offer order; None: cheapest first
         self._agents: dict[str, asyncio.Task[None]] = {}  # instance id -> simulated agent
+        self._landing: set[asyncio.Future[Any]] = set()  # `lands_late` calls still to land
         self.nodes: dict[str, node.Node] = {}  # instance id -> real agent (agent = "real")
         self._own_root: str | None = None
         self._fixtures = Path(config.nvidia_smi_fixtures or node.DEFAULT_FIXTURES)
@@ -138,7 +142,12 @@ class FakeCloud(CloudProvider):
         return offers
 
     async def prepare(self, offer: Offer, spec: InstanceSpec) -> dict[str, Any]:
-        await self._enter("prepare", region=offer.region, offer=offer.id, vm=spec.vm)
+        fault = await self._enter("prepare", region=offer.region, offer=offer.id, vm=spec.vm)
+        if fault is not None and fault.effect == "lands_late":
+            return await self._landing_late(fault, self._prepare(offer, spec))
+        return await self._prepare(offer, spec)
+
+    async def _prepare(self, offer: Offer, spec: InstanceSpec) -> dict[str, Any]:
         self._instance_type(offer)  # an offer this cloud never made is InvalidRequest
         firewall = f"{spec.label}-fw"
         self.state.add_side_resource(spec.vm, offer.region, "firewall", firewall)
@@ -154,6 +163,11 @@ class FakeCloud(CloudProvider):
         )
         if fault is not None and fault.effect == "error":
             raise ProviderError(fault.kind, fault.message)
+        if fault is not None and fault.effect == "lands_late":
+            return await self._landing_late(fault, self._create(offer, spec, None))
+        return await self._create(offer, spec, fault)
+
+    async def _create(self, offer: Offer, spec: InstanceSpec, fault: FaultRule | None) -> list[str]:
         instance_type = self._instance_type(offer)
         real = self.config.agent_mode == "real" and spec.bootstrap is not None
         if real:
@@ -240,6 +254,18 @@ class FakeCloud(CloudProvider):
         return sum(counts)
 
     # ------------------------------------------------------------------ internals
+
+    async def _landing_late(self, fault: FaultRule, call: Coroutine[Any, Any, T]) -> T:
+        """Carry `call` out after the fault's delay, even if the caller stops waiting."""
+
+        async def later() -> T:
+            await asyncio.sleep(fault.delay_seconds)
+            return await call
+
+        task = asyncio.ensure_future(later())
+        self._landing.add(task)  # held here: nobody else may be left waiting for it
+        task.add_done_callback(self._landing.discard)
+        return await asyncio.shield(task)
 
     def _gone_by(self, now: float) -> float:
         """Instances deleted at or before this time are gone from what the cloud reports."""

@@ -41,6 +41,7 @@ FaultEffect = Literal[
     "ecc_error",
     "gpu_missing",
     "delay",
+    "lands_late",
 ]
 # Effects on the node's GPUs, noticed by its agent's heartbeats `delay_seconds` after boot.
 GPU_FAULTS = ("gpu_lost", "ecc_error", "gpu_missing")
@@ -64,6 +65,9 @@ class FaultRule(Model):
       after boot one GPU falls off the bus (Xid 79), has an uncorrectable ECC error (Xid 48), or
       vanishes from nvidia-smi's list, and the agent's heartbeats say so.
     - delay: the call sleeps `delay_seconds`, then proceeds normally (a slow API).
+    - lands_late (prepare, create): the call takes `delay_seconds` and is then carried out even
+      if its caller stopped waiting meanwhile (a request that reached the cloud, its answer
+      lost to the caller's timeout or cancel).
     """
 
     primitive: FakePrimitive

@@ -18,6 +18,7 @@ import pytest
 
 from activities.cloud import CloudActivities, CreateInput
 from activities.fencing import CallFence
+from gpuprov.config import FaultRule
 from gpuprov.db import utcnow
 from gpuprov.fences import ClaimOutcome, VmFences
 from gpuprov.models import JobState
@@ -160,3 +161,20 @@ async def test_a_fenced_create_calls_nothing(records):
 
 def _soon(seconds: float) -> datetime:
     return utcnow() + timedelta(seconds=seconds)
+
+
+async def test_the_fake_clouds_lands_late_rule_makes_a_timeout_land_mid_create(
+    client, task_queue, job_name
+):
+    """What the chaos harness's mid-step jobs get: every first-attempt create lands after the
+    provisioning timeout. The late machines are torn down by the job's own teardown."""
+    late = FaultRule(primitive="create", effect="lands_late", delay_seconds=4, vm=f"{job_name}-a1-")
+    spec = job(job_name, nodes=2, provisioning_timeout_seconds=2)
+    async with fake_worker(client, task_queue, fast_cloud([late])) as (gpuprov, cloud):
+        final = await asyncio.wait_for((await gpuprov.submit(spec)).result(), 90)
+        assert final.state is JobState.FAILED
+        assert "provisioning timed out" in (final.error or "")
+        assert cloud.fired(late) == 2
+        assert len(cloud.state.creates_per_vm()) == 2  # both landed, after the timeout
+        assert_one_create_per_vm(cloud)
+        assert_nothing_left(cloud)
