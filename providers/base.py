@@ -44,13 +44,19 @@ class Model(BaseModel):
 
 class PriceQuote(Model):
     """A price exactly as the provider stated it. Never invented: no quote means None.
-    Adapters make one with `price_quote`, which turns a zero or negative amount into None."""
+    Adapters make one with `price_quote`, which turns an amount that is no price into None."""
 
     amount: float = Field(ge=0)
     currency: str = "USD"
     unit: str = "hour"  # per instance
     source: str  # where the number came from, e.g. "simulated" or an API endpoint
     observed_at: datetime
+
+
+# No GPU anyone rents costs this much an hour (the dearest list near 10 USD, whole 8-GPU
+# machines near 100 USD): a quote above it per GPU is a placeholder, an overflow or a hostile
+# listing, not a price, and taken as one it would sum to infinity in a job's estimate.
+MAX_PRICE_PER_GPU_HOUR = 10_000.0
 
 
 def price_quote(
@@ -60,11 +66,20 @@ def price_quote(
     observed_at: datetime,
     currency: str = "USD",
     unit: str = "hour",
+    gpus: int = 1,
 ) -> PriceQuote | None:
     """The quote for a price a provider stated, or None where it stated none: absent, not a
-    finite number, zero or negative. Clouds write 0 where they have no price (an unpriced
-    catalogue entry, a SKU without a rate), so 0 is "no price", never "free", on every cloud."""
-    if amount is None or not math.isfinite(amount) or amount <= 0:
+    finite number, zero or negative, or above `MAX_PRICE_PER_GPU_HOUR` for each of the
+    machine's `gpus` (at least one, so a machine of unknown or no GPUs is held to one GPU's
+    bound). Clouds write 0 where they have no price (an unpriced catalogue entry, a SKU
+    without a rate), so 0 is "no price", never "free", on every cloud."""
+    if amount is None:
+        return None
+    try:
+        amount = float(amount)  # an int past float's range (JSON allows one) is no price
+    except OverflowError:
+        return None
+    if not math.isfinite(amount) or amount <= 0 or amount > MAX_PRICE_PER_GPU_HOUR * max(gpus, 1):
         return None
     return PriceQuote(
         amount=amount, currency=currency, unit=unit, source=source, observed_at=observed_at

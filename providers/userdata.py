@@ -17,9 +17,12 @@ passes its cloud's size limit and name; everything else is the same on every clo
 - The same spec always gives byte-identical user data: the MIME boundary is derived from the
   content, never random. EC2 needs this (a retried RunInstances with the same ClientToken but
   other user data fails with IdempotentParameterMismatch); elsewhere retries stay comparable.
-- Past the cloud's limit, or not UTF-8 text: InvalidRequest, naming sizes only. Where the
-  cloud takes bytes (EC2), `compressed_user_data` gzips a document that is over the limit
-  (deterministically): cloud-init decompresses gzip user data before anything else.
+- Past the cloud's limit: Unavailable for the whole provider, naming sizes only. The limit is
+  this cloud's (EC2 16 KB, GCE metadata 256 KiB, ...), so every offer of this cloud would
+  refuse the document while another cloud may take it: the job fails over, it does not abort.
+  Not UTF-8 text: InvalidRequest (no cloud can take it). Where the cloud takes bytes (EC2),
+  `compressed_user_data` gzips a document that is over the limit (deterministically):
+  cloud-init decompresses gzip user data before anything else.
 
 The result holds a secret (the join token): it goes into the cloud's create request and nowhere
 else, never into a log line, an exception, a return value or Offer.detail.
@@ -36,7 +39,7 @@ from email.mime.text import MIMEText
 
 from providers import node_agent
 from providers.base import InstanceSpec
-from providers.errors import ErrorKind, ProviderError
+from providers.errors import BlockScope, ErrorKind, ProviderError
 from providers.node_agent import JOIN_ENV_PATH as JOIN_ENV_PATH  # re-exported (tests)
 
 # cloud-init's first-line markers -> the MIME subtype of that part (text/<subtype>). Longer
@@ -60,7 +63,8 @@ MERGE_HOW = [
 def user_data(spec: InstanceSpec, *, max_bytes: int, cloud: str) -> str | None:
     """The user data to create `spec` with, or None when there is nothing to pass.
 
-    InvalidRequest when it exceeds `max_bytes` (UTF-8), `cloud`'s limit, or is not UTF-8 text."""
+    Unavailable (for the provider) when it exceeds `max_bytes` (UTF-8), `cloud`'s limit;
+    InvalidRequest when it is not UTF-8 text."""
     document = _document(spec)
     if document is None:
         return None
@@ -98,8 +102,9 @@ def _document(spec: InstanceSpec) -> str | None:
 def _fits(size: int, max_bytes: int, cloud: str, vm: str) -> None:
     if size > max_bytes:
         raise ProviderError(
-            ErrorKind.INVALID_REQUEST,
+            ErrorKind.UNAVAILABLE,
             f"user data of {vm} is {size} bytes; {cloud} accepts at most {max_bytes}",
+            block_scope=BlockScope.PROVIDER,
         )
 
 

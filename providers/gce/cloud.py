@@ -53,7 +53,7 @@ from providers.gce import diagnosis
 from providers.gce.auth import GoogleTokens, TokenProvider, load_credentials
 from providers.gce.client import GceClient
 from providers.gce.config import GceConfig, region_of
-from providers.gce.errors import GceApiError
+from providers.gce.errors import GceApiError, of_our_own
 from providers.gce.identity import (
     VM_LABEL_KEY,
     firewall_name,
@@ -238,7 +238,7 @@ class GceCloud(CloudProvider):
                 _raise_unless_ok(operation, action, tolerate_gone=True)
             except GceApiError as error:
                 if not error.gone:
-                    raise
+                    raise of_our_own(error) from None
 
     async def cleanup(self, location: Location, vm: str) -> None:
         """Both per-VM rules, whether prepare made the ports one or not: 404 is gone."""
@@ -250,7 +250,7 @@ class GceCloud(CloudProvider):
                 _raise_unless_ok(operation, action, tolerate_gone=True)
             except GceApiError as error:
                 if not error.gone:
-                    raise
+                    raise of_our_own(error) from None
 
     async def diagnose(
         self, location: Location, vm: str, instance_id: str | None = None
@@ -301,8 +301,11 @@ class GceCloud(CloudProvider):
         action = f"list instances in {zone}"
         url = self.client.url(f"zones/{zone}/instances")
         found: list[Instance] = []
-        async for page in self.client.pages(url, action, {"filter": query, "maxResults": 500}):
-            found.extend(read(InstanceList, page, action).items)
+        try:
+            async for page in self.client.pages(url, action, {"filter": query, "maxResults": 500}):
+                found.extend(read(InstanceList, page, action).items)
+        except GceApiError as error:  # our own zone and filter: never an abort
+            raise of_our_own(error) from None
         return found
 
     async def _region_instances(self, region: str, query: str) -> list[Instance]:
@@ -310,17 +313,11 @@ class GceCloud(CloudProvider):
         url = self.client.url("aggregated/instances")
         params = {"filter": query, "maxResults": 500}
         found: list[Instance] = []
-        async for page in self.client.pages(url, action, params):
-            listing = read(InstanceAggregatedList, page, action)
-            # A partial answer that misses a zone of this region could make a live instance
-            # look gone (and a wait for gone end early): that is no answer at all.
-            scopes = listing.unreachable_scopes
-            if missing := [s for s in scopes if _region_of_scope(s) == region]:
-                raise ProviderError(
-                    ErrorKind.TRANSIENT, f"{action}: unreachable: {', '.join(missing[:5])}"
-                )
-            for scoped in listing.items.values():
-                found.extend(i for i in scoped.instances if region_of(i.zone) == region)
+        try:
+            async for page in self.client.pages(url, action, params):
+                found.extend(_in_region(read(InstanceAggregatedList, page, action), region, action))
+        except GceApiError as error:
+            raise of_our_own(error) from None
         return found
 
     async def _get_instance(self, zone: str, name: str) -> Instance | None:
@@ -363,6 +360,20 @@ def _zone_and_type(offer: Offer) -> tuple[str, str]:
     if offer.provider != PROVIDER_ID or not offer.zone or not isinstance(machine_type, str):
         raise ProviderError(ErrorKind.INVALID_REQUEST, f"{offer.id} is not a GCE offer")
     return offer.zone, machine_type
+
+
+def _in_region(listing: InstanceAggregatedList, region: str, action: str) -> list[Instance]:
+    """The instances of one aggregated page that are in `region`."""
+    # A partial answer that misses a zone of this region could make a live instance look gone
+    # (and a wait for gone end early): that is no answer at all.
+    if missing := [s for s in listing.unreachable_scopes if _region_of_scope(s) == region]:
+        raise ProviderError(ErrorKind.TRANSIENT, f"{action}: unreachable: {', '.join(missing[:5])}")
+    return [
+        instance
+        for scoped in listing.items.values()
+        for instance in scoped.instances
+        if region_of(instance.zone) == region
+    ]
 
 
 def _region_of_scope(scope: str) -> str | None:

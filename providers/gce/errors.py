@@ -10,6 +10,8 @@ Two shapes reach us:
 
 Only where no reason or code is known does the HTTP status choose, and then by what the call
 was: an unknown failure of an insert may have made something (Failed), of a read is Transient.
+InvalidRequest stands only where the job's ask went in (an insert, plan's catalogue reads): on
+a delete or an instance list every parameter is ours, and `of_our_own` makes it Failed.
 A quota that is project-wide (`GPUS_ALL_REGIONS`, `CPUS_ALL_REGIONS`, `FIREWALLS`) blocks the
 whole provider, not just the region.
 """
@@ -119,6 +121,23 @@ class GceApiError(ProviderError):
     @property
     def exists(self) -> bool:
         return bool(self.reasons & EXISTS_REASONS) or (not self.reasons and self.status == 409)
+
+
+def of_our_own(error: GceApiError) -> GceApiError:
+    """`error` as the answer to a call made only of our own parameters: a delete or list of an
+    instance or rule this adapter named, in a zone it planned. `invalid`, `notFound` and the
+    like there say nothing about the job (its ask is only in an insert), so they are Failed:
+    a teardown tries again and fails over rather than aborting, a wait tears down. A caller
+    that treats `notFound` as gone checks `gone` first."""
+    if error.kind is not ErrorKind.INVALID_REQUEST:
+        return error
+    return GceApiError(
+        ErrorKind.FAILED,
+        error.message,
+        reasons=error.reasons,
+        status=error.status,
+        block_scope=error.block_scope,
+    )
 
 
 def words(text: object) -> str:

@@ -15,9 +15,14 @@ Order of decision (`classify_status`):
 2. 401 / 403 -> Credentials (key invalid, or missing the Instances/Availability permission);
 3. the first `DETAIL_TABLE` phrase found in the detail text;
 4. `STATUS_TABLE` (402 payment required -> Quota for the whole provider: the wallet is the
-   account's; 422 -> InvalidRequest);
+   account's; 422 "Invalid request data" -> InvalidRequest);
 5. 5xx -> Failed on create (the pod may exist; the core tears down by name), else Transient;
 6. anything else -> Failed (resources may exist, so the core tears down and fails over).
+InvalidRequest (from 3 or 4) stands only on create, whose body carries the job's ask (its
+image). Every other call is made of our own parameters: the availability filters, the paging
+offsets, a pod id we were given, the deployment's key. Prime documents a 422 on each of them,
+and there it says nothing about the job, so it is Failed: a plan blocks Prime and the job fails
+over, a teardown tries again (and records a possible orphan), never an abort.
 A network error or timeout is Transient everywhere: on create the core observes first and
 adopts a pod whose response was lost.
 """
@@ -76,6 +81,9 @@ DETAIL_TABLE: tuple[tuple[str, ErrorKind | str, BlockScope | None], ...] = (
     ("missing field", ErrorKind.INVALID_REQUEST, None),
     ("validation error", ErrorKind.INVALID_REQUEST, None),
 )
+
+# The operations whose request carries the job's own ask; elsewhere InvalidRequest is Failed.
+JOB_ASKS = frozenset({"create"})
 
 # HTTP status -> (kind or GONE, block scope), consulted when no phrase matched.
 STATUS_TABLE: dict[int, tuple[ErrorKind | str, BlockScope | None]] = {
@@ -180,6 +188,8 @@ def classify_status(operation: str, response: httpx.Response) -> ProviderError |
     if verdict is not None:
         kind, scope = verdict
         assert isinstance(kind, ErrorKind)
+        if kind is ErrorKind.INVALID_REQUEST and operation not in JOB_ASKS:
+            kind = ErrorKind.FAILED
         retry_after = retry_after_seconds(response.headers) if kind is ErrorKind.TRANSIENT else None
         return ProviderError(kind, message, retry_after=retry_after, block_scope=scope)
     if response.status_code >= 500:

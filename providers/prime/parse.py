@@ -78,8 +78,12 @@ class SpecValue(_Api):
 
 
 class Prices(_Api):
-    onDemand: float | None = Field(default=None, ge=0)
-    communityPrice: float | None = Field(default=None, ge=0)
+    # Read as stated, however absurd (negative, infinite, NaN, astronomically large): that makes
+    # the offer unpriced (price_quote), it does not make the whole item unreadable.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=True)
+
+    onDemand: float | None = None
+    communityPrice: float | None = None
     isVariable: bool | None = None
     currency: str
 
@@ -196,7 +200,9 @@ def offer_price(item: GpuOffer, disk_gb: int | None, now: datetime) -> PriceQuot
     if any(extra is None for extra in extras):
         return None
     amount = base + sum(extra for extra in extras if extra is not None)
-    return price_quote(amount, currency=prices.currency, source=PRICE_SOURCE, observed_at=now)
+    return price_quote(
+        amount, currency=prices.currency, source=PRICE_SOURCE, observed_at=now, gpus=item.gpuCount
+    )
 
 
 def _extra(spec: SpecValue, requested: int | None) -> float | None:

@@ -18,15 +18,15 @@ covers both "the request breaks a rule" and "no capacity", told apart only by th
 | 403 | Unavailable | Credentials | Credentials |
 | 402 insufficient balance | Quota, block scope `provider` | same | same |
 | 408, 429 (Retry-After honoured) | Transient | Transient | Transient |
-| 5xx | Failed (a pod may exist) | Transient | Transient |
+| 5xx (Retry-After honoured) | Transient | Transient | Transient |
 | 404 | InvalidRequest | Failed | success (gone; see cloud.py) |
 | 409 (pod belongs to a cluster) | InvalidRequest | Failed | Failed |
 | 422, any other 4xx | InvalidRequest | Failed | Failed |
 | network error, timeout | Transient (the core observes and adopts) | Transient | Transient |
 | 2xx whose body cannot be read | Failed | Transient | - |
 
-createPod's own table of "which failures are worth retrying" decides the two create rows that
-are not stops (api-reference-v2 openapi.json, POST /v2/pods):
+createPod's own table of "which failures are worth retrying" decides the create rows that are
+not stops (api-reference-v2 openapi.json, POST /v2/pods):
 - 400, "The body matches the contract but was rejected — either it breaks a cross-field rule,
   or this GPU and data center combination could not be placed", is "Try your next candidate":
   Unavailable (nothing was created; the offer is blocked, the job fails over). A rule broken
@@ -35,6 +35,9 @@ are not stops (api-reference-v2 openapi.json, POST /v2/pods):
   with the request").
 - 403, "Your account cannot access the requested pool", is "Skip this candidate, keep going":
   Unavailable too. A key without any access answers 401, which stays Credentials.
+- 5xx, "Transient upstream failure", is "Retry the same candidate with backoff": Transient,
+  after a Retry-After when RunPod sends one. A pod the failed call did make is not duplicated:
+  the core's retry of create observes by name first and adopts it.
 """
 
 from __future__ import annotations
@@ -76,7 +79,7 @@ MAX_LISTED_ERRORS = 5
 
 def _fallback(operation: Operation, status: int) -> ErrorKind:
     if status >= 500:
-        return ErrorKind.FAILED if operation == "create" else ErrorKind.TRANSIENT
+        return ErrorKind.TRANSIENT
     return ErrorKind.INVALID_REQUEST if operation == "create" else ErrorKind.FAILED
 
 

@@ -166,7 +166,7 @@ def _quote(per_gpu: float | None, count: int, observed_at: datetime) -> PriceQuo
     zero price is "not priced", never "free")."""
     if per_gpu is None:
         return None
-    return price_quote(per_gpu * count, source=PRICE_SOURCE, observed_at=observed_at)
+    return price_quote(per_gpu * count, source=PRICE_SOURCE, observed_at=observed_at, gpus=count)
 
 
 def _slug(text: str) -> str:

@@ -6,7 +6,9 @@ omit `success` or `error` and send only `msg` or `message`, and a 429 is often p
 than `error` does: a vanished listing is `error: invalid_args` with
 `msg: "error 404/3603: no_such_ask ..."` (create_instance.yaml). So the codes are read from both,
 the message's first, and the first one in the table decides. Only when no code is known does the
-HTTP status class decide (429 and 5xx retry, 401/403 are credentials); anything else is Failed.
+HTTP status decide: a status a call documents a meaning for (the search's 404 is an invalid or
+missing key), else its class (429 and 5xx retry, 401/403 are credentials); anything else is
+Failed.
 """
 
 from __future__ import annotations
@@ -60,6 +62,9 @@ _OURS = ("invalid_args", "invalid_request", "invalid_price", "no_ssh_key_for_vm"
 OP_CODES: dict[Op, dict[str, ErrorKind]] = {
     op: dict.fromkeys(_OURS, ErrorKind.FAILED) for op in (Op.SEARCH, Op.LIST, Op.DESTROY)
 }
+# Per call: statuses that mean something of their own when no known code came with them.
+# search_offers.yaml documents its 404 as "Unauthorized - invalid or missing API key".
+OP_STATUSES: dict[Op, dict[int, ErrorKind]] = {Op.SEARCH: {404: ErrorKind.CREDENTIALS}}
 # Codes with a wider block than the policy's default for their kind.
 BLOCK_SCOPES: dict[str, BlockScope] = {"insufficient_balance": BlockScope.PROVIDER}
 # Destroying an instance that is already gone is success (destroy_instance.yaml 404 not_found;
@@ -106,7 +111,10 @@ def classify(
     codes = error_codes(payload)
     table = {**CODES, **OP_CODES.get(op, {})}
     code = next((c for c in codes if c in table), None)
-    kind = table[code] if code is not None else _by_status(status)
+    if code is not None:
+        kind = table[code]
+    else:
+        kind = OP_STATUSES.get(op, {}).get(status) or _by_status(status)
     words = (error_text(payload) if payload is not None else "") or text.strip()
     label = code or (codes[0] if codes else None)
     message = f"{op.value}: HTTP {status}" + (f" {label}" if label else "")

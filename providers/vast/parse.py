@@ -142,7 +142,7 @@ def offer_from_listing(
         memory_gb=_memory_share_gb(listing),
         disk_gb=disk_gb,
         spot=False,
-        price=_price(listing, observed_at),
+        price=_price(listing, gpu_count, observed_at),
         detail=detail,
     )
 
@@ -164,11 +164,12 @@ def _memory_share_gb(listing: dict[str, Any]) -> float | None:
     return round(share, 1) if math.isfinite(share) else None
 
 
-def _price(listing: dict[str, Any], observed_at: datetime) -> PriceQuote | None:
+def _price(listing: dict[str, Any], gpus: int, observed_at: datetime) -> PriceQuote | None:
     """`dph_total`: the listing's live $/hour for the whole rental, including storage for the
-    disk size the search was told (`allocated_storage`); bandwidth is billed on top."""
+    disk size the search was told (`allocated_storage`); bandwidth is billed on top. Hosts
+    set their own prices, so an absurd one is possible: price_quote bounds it per GPU."""
     amount = _non_negative(listing.get("dph_total"))
-    return price_quote(amount, source=PRICE_SOURCE, observed_at=observed_at)
+    return price_quote(amount, source=PRICE_SOURCE, observed_at=observed_at, gpus=gpus)
 
 
 # ------------------------------------------------------------------ instances

@@ -367,9 +367,20 @@ def test_vm_label_prefixes_the_identity() -> None:
     assert spec("train-a1-n0").label == "gpuprov-train-a1-n0"
 
 
-@pytest.mark.parametrize("amount", [None, 0, 0.0, -1.5, float("nan"), float("inf")])
-def test_a_price_that_is_absent_zero_negative_or_not_a_number_is_no_quote(amount):
+@pytest.mark.parametrize(
+    "amount", [None, 0, 0.0, -1.5, float("nan"), float("inf"), 1e308, 2**64, 10**400]
+)
+def test_a_price_that_is_absent_zero_negative_absurd_or_not_a_number_is_no_quote(amount):
     assert price_quote(amount, source="s", observed_at=datetime.now(UTC)) is None
+
+
+def test_the_bound_on_a_price_is_per_gpu():
+    now = datetime.now(UTC)
+    assert price_quote(10_001, source="s", observed_at=now) is None
+    assert price_quote(10_001, source="s", observed_at=now, gpus=0) is None
+    quote = price_quote(10_001, source="s", observed_at=now, gpus=8)
+    assert quote is not None and quote.amount == 10_001
+    assert price_quote(80_001, source="s", observed_at=now, gpus=8) is None
 
 
 def test_a_positive_price_is_quoted_as_stated():

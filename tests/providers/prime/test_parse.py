@@ -129,13 +129,15 @@ def test_item_missing_a_create_field_is_unreadable():
         validated(GpuOffer, item)
 
 
-def test_negative_or_huge_values_are_unreadable_not_offers():
+def test_huge_counts_are_unreadable_not_offers():
     with pytest.raises(Unreadable):
         validated(GpuOffer, {**bodies.HYPERSTACK_H100, "gpuCount": 10**30})
-    with pytest.raises(Unreadable):
-        validated(
-            GpuOffer, {**bodies.HYPERSTACK_H100, "prices": {"onDemand": -1, "currency": "USD"}}
-        )
+
+
+def test_a_negative_price_is_read_and_is_no_price():
+    prices = {"onDemand": -1, "currency": "USD"}
+    item = validated(GpuOffer, {**bodies.HYPERSTACK_H100, "prices": prices})
+    assert offer_price(item, None, NOW) is None
 
 
 def test_price_that_overflows_is_none():

@@ -287,8 +287,8 @@ CREATE_FAILURES = [
     (problem_response(samples.UNAUTHORIZED_401, 401), ErrorKind.CREDENTIALS),
     (problem_response(samples.FORBIDDEN_403, 403), ErrorKind.UNAVAILABLE),  # "Skip this candidate"
     (problem_response(samples.BALANCE_402, 402), ErrorKind.QUOTA),
-    (problem_response(samples.INTERNAL_500, 500), ErrorKind.FAILED),
-    (httpx.Response(502, content=samples.BAD_GATEWAY_HTML), ErrorKind.FAILED),
+    (problem_response(samples.INTERNAL_500, 500), ErrorKind.TRANSIENT),
+    (httpx.Response(502, content=samples.BAD_GATEWAY_HTML), ErrorKind.TRANSIENT),
     (httpx.Response(201, content=b'{"id": '), ErrorKind.FAILED),  # truncated answer
     (httpx.Response(201, json={"name": samples.LABEL}), ErrorKind.FAILED),  # no id
     (httpx.ConnectError("connection refused"), ErrorKind.TRANSIENT),
@@ -322,6 +322,27 @@ async def test_rate_limited_create_is_transient_with_retry_after(api):
         await cloud.create(offer, {}, SPEC)
     await cloud.aclose()
     assert (raised.value.kind, raised.value.retry_after) == (ErrorKind.TRANSIENT, 12.0)
+
+
+@pytest.mark.parametrize(
+    ("answer", "retry_after"),
+    [
+        (problem_response(samples.INTERNAL_500, 500, **{"Retry-After": "7"}), 7.0),
+        (problem_response(samples.problem(503, "Service Unavailable", "try again"), 503), None),
+    ],
+)
+async def test_a_5xx_on_create_is_transient_and_keeps_retry_after(api, answer, retry_after):
+    # createPod's own table: "5xx: Transient upstream failure. Retry the same candidate with
+    # backoff." The retry observes first, so a pod the failed call did make is adopted.
+    offer = await an_offer(api)
+    router = respx.MockRouter(base_url=samples.BASE_URL)
+    router.get("/v2/account/ssh-keys").respond(json={"keys": []})
+    router.post("/v2/pods").mock(return_value=answer)
+    cloud = routed(router)
+    with pytest.raises(ProviderError) as raised:
+        await cloud.create(offer, {}, SPEC)
+    await cloud.aclose()
+    assert (raised.value.kind, raised.value.retry_after) == (ErrorKind.TRANSIENT, retry_after)
 
 
 async def test_a_refused_key_on_create_is_credentials_in_runpods_words(api):
