@@ -1,17 +1,24 @@
-"""The reconciler's survey: every machine carrying the gpuprov identity, and which of them no
-live job owns. The workflow (workflows/reconcile.py) then deletes what this returns.
+"""The reconciler's survey: every machine carrying the gpuprov identity, every per-VM side
+resource left without a machine, and which of them no live job owns. The workflow
+(workflows/reconcile.py) then tears down what this returns.
 
 Where it looks: for every enabled provider, every region that a VM row or an open orphan names,
 plus the provider's `sweep_regions()` (regions to list even with no record there). One
 `observe_region` call per region; a cloud that cannot list by identity (None) is asked with
 `observe` for each VM the database knows there instead, so a machine without any record is only
-found where listing works.
+found where listing works. Then one `observe_side_resources` call per region: the firewalls,
+security groups and per-VM keys that prepare made. A VM that has side resources but no instance
+anywhere in the provider is judged like a machine (below) and, once a candidate, gets the same
+teardown, whose cleanup removes them; a VM with an instance stays on the instance path (its
+teardown cleans up once the machine is confirmed gone).
 
 How it judges each VM found, and each open orphan:
 - kept (`release="keep"`): never touched, the user kept it on purpose;
 - owned: its row's job workflow `job-<job>` is running AND that workflow's status query lists
   the VM among its live nodes. Database and Temporal must agree; when Temporal cannot answer, or
-  the job is stuck (gpuprov/owners.py), the VM is left alone this pass (never delete on doubt);
+  the job is stuck (gpuprov/owners.py), the VM is left alone this pass (never delete on doubt).
+  A VM without a row is asked about the job its identity names (`<job>-a<n>-n<i>-<tag>`): a job
+  prepares a node's side resources before the node's row exists, and lists the node live then;
 - otherwise an orphan once older than the grace period: age from the VM row's created_at, or,
   for a machine without a row, from the first pass that saw it (recorded then as an orphan,
   error "unowned: ..."). A recorded orphan also waits out its retry backoff (`retry_delay`).
@@ -28,6 +35,7 @@ survey, so the caller can say what is left of the job and why.
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -54,6 +62,13 @@ RETRY_BACKOFF_BASE = timedelta(minutes=4)
 RETRY_BACKOFF_CAP = timedelta(hours=1)
 TEMPORAL_RPC_TIMEOUT = timedelta(seconds=10)
 MAX_LINES = 50  # left_open / errors listed per pass; counts stay exact
+# A node's identity as workflows/attempt.py makes it: <job>-a<attempt>-n<node>-<run tag>.
+VM_IDENTITY = re.compile(r"(?P<job>.+)-a\d+-n\d+-[0-9a-f]+")
+
+Seen = dict[str, tuple[Location, list[Observed]]]  # vm -> where the cloud showed it, and what
+# vm -> each region's listing of its side resources (a cloud whose resources are global, such as
+# GCE firewalls or Lambda keys, shows the same ones in every region it is asked about)
+Sides = dict[str, list[tuple[Location, list[str]]]]
 
 
 class SurveyInput(Model):
@@ -131,6 +146,8 @@ class _Ledger:
     orphans: dict[str, OrphanRecord]
     rows: dict[str, VmRecord] = field(default_factory=dict)
     job: str | None = None  # a survey of this job only
+    # What the cloud listed beside the database: the side resources of VMs without a machine.
+    sides: Sides = field(default_factory=dict)
 
 
 class ReconcileActivities:
@@ -164,15 +181,19 @@ class ReconcileActivities:
 
     async def _everything(
         self, request: SurveyInput, providers: dict[str, CloudProvider], survey: Survey
-    ) -> tuple[dict[str, tuple[Location, list[Observed]]], set[str], _Ledger]:
-        """Every machine listed in every region in use, and every open orphan."""
+    ) -> tuple[Seen, set[str], _Ledger]:
+        """Every machine listed in every region in use, every VM with side resources but no
+        machine, and every open orphan."""
         ledger = await asyncio.to_thread(self._read_ledger)
-        seen: dict[str, tuple[Location, list[Observed]]] = {}
+        seen: Seen = {}
         for name, provider in providers.items():
-            seen.update(await self._list_provider(name, provider, ledger, survey))
+            machines, sides = await self._list_provider(name, provider, ledger, survey)
+            seen.update(machines)
+            # Where a machine carries the identity, its own teardown cleans up after it.
+            ledger.sides.update({vm: found for vm, found in sides.items() if vm not in machines})
         # Read again after listing: an orphan a job recorded meanwhile is judged as that record.
         ledger.orphans = await asyncio.to_thread(self._open_orphans)
-        suspects = set(seen)
+        suspects = set(seen) | set(ledger.sides)
         for vm, orphan in ledger.orphans.items():
             if orphan.provider in providers:
                 suspects.add(vm)
@@ -183,7 +204,7 @@ class ReconcileActivities:
 
     async def _one_job(
         self, request: SurveyInput, providers: dict[str, CloudProvider], survey: Survey
-    ) -> tuple[dict[str, tuple[Location, list[Observed]]], set[str], _Ledger]:
+    ) -> tuple[Seen, set[str], _Ledger]:
         """The VM rows of one job, each observed where its row says, and their open orphans."""
         assert request.job is not None
         rows = await asyncio.to_thread(self._records.vms_for_job, request.job)
@@ -195,7 +216,7 @@ class ReconcileActivities:
             rows={row.vm: row for row in rows},
             job=request.job,
         )
-        seen: dict[str, tuple[Location, list[Observed]]] = {}
+        seen: Seen = {}
         suspects: set[str] = set()
         for row in rows:
             if request.provider not in (None, row.provider):
@@ -237,10 +258,12 @@ class ReconcileActivities:
 
     async def _list_provider(
         self, name: str, provider: CloudProvider, ledger: _Ledger, survey: Survey
-    ) -> dict[str, tuple[Location, list[Observed]]]:
+    ) -> tuple[Seen, Sides]:
+        """The machines, then the side resources, of every region of the provider in use."""
         regions = {region for p, region in ledger.regions if p == name}
         regions.update(provider.sweep_regions())
-        seen: dict[str, tuple[Location, list[Observed]]] = {}
+        seen: Seen = {}
+        sides: Sides = {}
         for region in sorted(regions):
             location = Location(provider=name, region=region)
             try:
@@ -253,7 +276,15 @@ class ReconcileActivities:
             for vm, observed in listing.items():
                 if observed:
                     seen[vm] = (location, observed)
-        return seen
+            try:
+                left = await provider.observe_side_resources(location)
+            except ProviderError as error:
+                _error(survey, f"list side resources {name}/{region}: {_said(provider, error)}")
+                continue
+            for vm, resources in (left or {}).items():
+                if resources:
+                    sides.setdefault(vm, []).append((location, resources))
+        return seen, sides
 
     async def _observe_known(
         self, provider: CloudProvider, location: Location, ledger: _Ledger, survey: Survey
@@ -287,22 +318,26 @@ class ReconcileActivities:
         survey: Survey,
     ) -> None:
         row, orphan = ledger.rows.get(vm), ledger.orphans.get(vm)
+        sides = ledger.sides.get(vm, []) if seen is None else []
         if row is not None and row.status == "kept":
             return  # the user kept it on purpose
-        if row is not None:
+        job = row.job if row is not None else _job_named_by(vm)
+        if job is not None:
             try:
-                if vm in await owners.live_vms(row.job):
+                if vm in await owners.live_vms(job):
                     if ledger.job is not None:
-                        _leave_open(survey, vm, f"held by its running job {row.job}")
+                        _leave_open(survey, vm, f"held by its running job {job}")
                     return
             except OwnerUnknown as error:
                 _error(survey, f"{vm}: left alone, owner unknown: {error}")
                 why = "job stuck" if error.stuck else "Temporal did not answer"
                 _leave_open(survey, vm, f"owner unknown ({why})")
                 return
-        candidate = _candidate(vm, seen, row, orphan)
+        candidate = _candidate(vm, seen, row, orphan, sides)
+        left = _side_note(sides)
         if row is None and orphan is None:  # first sighting: the grace period starts now
-            orphan = await self._record(candidate, "unowned: carries the identity, no VM record")
+            what = f"no instance, side resources left: {left}" if sides else "carries the identity"
+            orphan = await self._record(candidate, f"unowned: {what}, no VM record")
             survey.found += 1
         if row is not None:
             born = row.created_at
@@ -326,7 +361,12 @@ class ReconcileActivities:
             if seen is not None and not await self._still_there(candidate, survey):
                 return  # its job's teardown finished after the listing: nothing to do
             job = row.job if row is not None else "none"
-            shown = "" if seen is not None else "; the cloud shows nothing, its row is open"
+            if seen is not None:
+                shown = ""
+            elif sides:
+                shown = f"; no instance, side resources left: {left}"
+            else:
+                shown = "; the cloud shows nothing, its row is open"
             await self._record(candidate, f"unowned: no live job holds it (job {job}){shown}")
             survey.found += 1
         survey.candidates.append(candidate)
@@ -351,15 +391,33 @@ class ReconcileActivities:
         )
 
 
+def _job_named_by(vm: str) -> str | None:
+    """The job a VM identity names, for a VM without a row."""
+    match = VM_IDENTITY.fullmatch(vm)
+    return match.group("job") if match else None
+
+
+def _side_note(sides: list[tuple[Location, list[str]]]) -> str:
+    """The side resources listed for a VM, once each, for the orphan's record."""
+    names = sorted({resource for _, resources in sides for resource in resources})
+    return truncate(", ".join(names), 300)
+
+
 def _candidate(
     vm: str,
     seen: tuple[Location, list[Observed]] | None,
     row: VmRecord | None,
     orphan: OrphanRecord | None,
+    sides: list[tuple[Location, list[str]]],
 ) -> Candidate:
     """Where the machine is (what the cloud showed, the row's zone being more precise) and
-    every instance id known for it; the delete step observes again anyway."""
+    every instance id known for it; the delete step observes again anyway. A VM with side
+    resources only is torn down where they were listed: the row's region when they were listed
+    there too (a global resource is listed in every region), else the first region listed."""
     ids: set[str] = set()
+    if seen is None and sides:
+        at_row = [where for where, _ in sides if row is not None and where.region == row.region]
+        seen = ((at_row or [sides[0][0]])[0], [])
     if seen is not None:
         location, observed = seen
         ids.update(instance.id for instance in observed)
@@ -380,7 +438,7 @@ def _candidate(
         instance_ids=sorted(ids),
         attempt=row.attempt if row is not None else 0,
         node_index=row.node_index if row is not None else 0,
-        observed=seen is not None,
+        observed=seen is not None and bool(seen[1]),
         reason=truncate(reason, 500),
     )
 

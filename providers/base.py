@@ -13,6 +13,7 @@ Nothing above this module knows a cloud's name. The core calls these primitives 
 | sweep_regions | optional: regions the reconciler lists even with no record there | call out |
 | delete | request deletion; unknown or gone ids are success | wait |
 | cleanup | delete per-VM side resources; idempotent | touch shared resources |
+| observe_side_resources | optional: what cleanup would remove, by VM, per region | delete |
 | diagnose | read-only findings; default derived from observe | change anything |
 
 An image or ports a cloud cannot honour are declared in `Capabilities.unsupported` ("image",
@@ -345,6 +346,15 @@ class CloudProvider(abc.ABC):
         points (a machine whose record was lost). Default: none, so it sweeps only the regions
         the database names. Configuration only: no cloud call."""
         return []
+
+    async def observe_side_resources(self, location: Location) -> dict[str, list[str]] | None:
+        """The per-VM side resources prepare makes (firewalls, security groups, per-VM keys)
+        that are still there in the region, by VM identity: each VM's resources as short
+        descriptions ("security-group sg-0abc gpuprov-<vm>"). Read-only, a few list calls.
+        Only resources that `cleanup(location, vm)` would remove are listed, so the reconciler
+        can give a VM without an instance its cleanup. {} where prepare makes nothing per VM;
+        None where the cloud cannot list them by identity (the default)."""
+        return None
 
     @abc.abstractmethod
     async def delete(self, location: Location, vm: str, ids: list[str]) -> None: ...

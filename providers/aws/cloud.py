@@ -21,6 +21,8 @@ Primitive -> EC2 API calls (region = the offer's or location's region):
   proof: only an empty observe-by-tag says gone (EC2 is eventually consistent).
 - cleanup: DescribeKeyPairs + DeleteKeyPair, DescribeSecurityGroups + DeleteSecurityGroup, for
   the resources named and tagged for this VM only.
+- observe_side_resources: DescribeSecurityGroups and DescribeKeyPairs (each paginated), Filters
+  tag-key=gpuprov-vm; only those also named gpuprov-<vm>, by that VM (what cleanup removes).
 - diagnose: DescribeInstances by tag (terminated included: StateReason says why a VM went) and
   DescribeInstanceStatus IncludeAllInstances (status checks, scheduled events).
 """
@@ -360,6 +362,9 @@ class AwsCloud(CloudProvider):
         label = f"gpuprov-{vm}"
         await resources.delete_key_pairs(self._api, location.region, vm, label)
         await resources.delete_security_groups(self._api, location.region, vm, label)
+
+    async def observe_side_resources(self, location: Location) -> dict[str, list[str]]:
+        return await resources.side_resources(self._api, location.region)
 
     # ------------------------------------------------------------------ diagnose
 

@@ -12,7 +12,9 @@
   available image for the instance type's architecture.
 
 Only resources that carry both our name and our tag are ever deleted: the user's own key pairs,
-groups and VPCs are never touched.
+groups and VPCs are never touched. The reconciler's listing (`side_resources`) holds to the same
+rule, so every VM it names is one whose cleanup removes what it listed: DescribeSecurityGroups
+and DescribeKeyPairs, each filtered to tag-key gpuprov-vm.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 from providers.aws import parse
 from providers.aws.client import Ec2Api
 from providers.aws.config import AwsConfig
-from providers.base import InstanceSpec, port_ranges
+from providers.base import InstanceSpec, port_ranges, vm_label
 from providers.errors import ErrorKind, ProviderError
 
 GROUP_DUPLICATE = frozenset({"InvalidGroup.Duplicate"})
@@ -228,6 +230,35 @@ async def delete_security_groups(api: Ec2Api, region: str, vm: str, label: str) 
     for group_id in ours:
         # DependencyViolation (the instance's interface is still detaching) is Transient.
         await api.call(region, "DeleteSecurityGroup", ok_codes=GROUP_GONE, GroupId=group_id)
+
+
+async def side_resources(api: Ec2Api, region: str) -> dict[str, list[str]]:
+    """The region's security groups and key pairs tagged gpuprov-vm=<vm> AND named
+    gpuprov-<vm>, by VM: "security-group <id> <name>", "key-pair <name>"."""
+    tagged = [{"Name": "tag-key", "Values": [parse.VM_TAG]}]
+    groups = await api.pages(region, "DescribeSecurityGroups", "SecurityGroups", Filters=tagged)
+    pairs = await api.pages(region, "DescribeKeyPairs", "KeyPairs", Filters=tagged)
+    by_vm: dict[str, list[str]] = {}
+    with parse.reading("DescribeSecurityGroups"):
+        for group in groups:
+            vm = _vm_named(group, str(group["GroupName"]))
+            if vm is not None:
+                by_vm.setdefault(vm, []).append(f"security-group {group['GroupId']} {vm_label(vm)}")
+    with parse.reading("DescribeKeyPairs"):
+        for pair in pairs:
+            vm = _vm_named(pair, str(pair["KeyName"]))
+            if vm is not None:
+                by_vm.setdefault(vm, []).append(f"key-pair {vm_label(vm)}")
+    return by_vm
+
+
+def _vm_named(resource: dict[str, Any], name: str) -> str | None:
+    """The VM a resource is ours for: its gpuprov-vm tag, where its name is gpuprov-<that vm>."""
+    vm = next(
+        (str(tag["Value"]) for tag in resource.get("Tags") or [] if tag["Key"] == parse.VM_TAG),
+        None,
+    )
+    return vm if vm and name == vm_label(vm) else None
 
 
 def _tagged(resource: dict[str, Any], vm: str) -> bool:

@@ -24,6 +24,8 @@ Primitive -> what happens in the ledger:
 - sweep_regions: every configured region (no call).
 - delete: marks the given ids deleted (unknown ids are success) and stops their agents.
 - cleanup: deletes the VM's side resources in the region.
+- observe_side_resources: the region's side resources not deleted yet, by VM, in one call
+  (counted as "list_side"), each as "<kind> <name>".
 
 Every primitive first counts the call and consults the fault rules (see `FaultRule`); the
 ledger counts each rule's firings too (`fault_fires`), so a test can tell a fault that happened
@@ -234,6 +236,13 @@ class FakeCloud(CloudProvider):
     async def cleanup(self, location: Location, vm: str) -> None:
         await self._enter("cleanup", region=location.region, vm=vm)
         self.state.delete_side_resources(vm, location.region)
+
+    async def observe_side_resources(self, location: Location) -> dict[str, list[str]]:
+        await self._enter("list_side", region=location.region)
+        by_vm: dict[str, list[str]] = {}
+        for vm, kind, name in self.state.region_side_resources(location.region):
+            by_vm.setdefault(vm, []).append(f"{kind} {name}")
+        return by_vm
 
     # ------------------------------------------------------------------ for tests and demos
 

@@ -29,7 +29,9 @@ class FakeInstanceType(Model):
     regions: list[str] | None = None  # None = every region
 
 
-FakePrimitive = Literal["plan", "prepare", "create", "observe", "list", "delete", "cleanup"]
+FakePrimitive = Literal[
+    "plan", "prepare", "create", "observe", "list", "list_side", "delete", "cleanup"
+]
 FaultEffect = Literal[
     "error",
     "lost_response",

@@ -297,6 +297,14 @@ class FakeCloudState:
                 (time.time(), vm, region),
             )
 
+    def region_side_resources(self, region: str) -> list[tuple[str, str, str]]:
+        """(vm, kind, name) of every side resource of the region not deleted yet."""
+        return self._db.execute(
+            "SELECT vm, kind, name FROM side_resources "
+            "WHERE region = ? AND deleted_at IS NULL ORDER BY vm, kind",
+            (region,),
+        ).fetchall()
+
     def live_side_resources(self) -> list[tuple[str, str, str, str]]:
         return self._db.execute(
             "SELECT vm, region, kind, name FROM side_resources WHERE deleted_at IS NULL"

@@ -20,6 +20,8 @@ Paths below are relative to `https://compute.googleapis.com/compute/v1/projects/
 - delete: `DELETE zones/<z>/instances/<name>?requestId=` per id; 404 `notFound` = gone.
 - cleanup: `DELETE global/firewalls/gpuprov-<vm>-ssh?requestId=`, the same for
   `gpuprov-<vm>-ports`; 404 = gone.
+- observe_side_resources: `GET global/firewalls?filter=name eq "gpuprov-.*"` (paginated), the
+  rules that are a VM's own by name (firewalls.py). Global: the same answer for every region.
 - diagnose: observe, `GET zones/<z>/instances/<name>` (upcomingMaintenance) and
   `GET zones/<z>/operations?filter=targetLink = "..."` (preempted, hostError, ...).
 
@@ -49,7 +51,7 @@ from providers.base import (
     port_ranges,
 )
 from providers.errors import ErrorKind, ProviderError
-from providers.gce import diagnosis
+from providers.gce import diagnosis, firewalls
 from providers.gce.auth import GoogleTokens, TokenProvider, load_credentials
 from providers.gce.client import GceClient
 from providers.gce.config import GceConfig, region_of
@@ -143,7 +145,7 @@ class GceCloud(CloudProvider):
         tag = network_tag(spec.vm)
         ssh = await self._firewall(
             firewall_name(spec.vm),
-            f"gpuprov: SSH to {spec.vm}",
+            f"{firewalls.SSH_DESCRIPTION}{spec.vm}",
             ["22"],
             [tag],
             self.config.ssh_source_ranges,
@@ -154,7 +156,7 @@ class GceCloud(CloudProvider):
         if ranges:
             prepared["ports_firewall"] = await self._firewall(
                 ports_firewall_name(spec.vm),
-                f"gpuprov: the job's ports on {spec.vm}",
+                f"{firewalls.PORTS_DESCRIPTION}{spec.vm}",
                 [str(first) if first == last else f"{first}-{last}" for first, last in ranges],
                 [tag],
                 self.config.ports_source_ranges,
@@ -251,6 +253,9 @@ class GceCloud(CloudProvider):
             except GceApiError as error:
                 if not error.gone:
                     raise of_our_own(error) from None
+
+    async def observe_side_resources(self, location: Location) -> dict[str, list[str]]:
+        return await firewalls.side_resources(self.client)
 
     async def diagnose(
         self, location: Location, vm: str, instance_id: str | None = None

@@ -27,6 +27,9 @@ Primitive -> Lambda calls (base `https://cloud.lambda.ai/api/v1`, `Authorization
 - cleanup: `GET /firewall-rulesets`, then `DELETE /firewall-rulesets/{id}` for the ruleset
   named `gpuprov-<vm>`; `GET /ssh-keys`, then `DELETE /ssh-keys/{id}` for the key named
   `gpuprov-<vm>` only (never the configured key or any other user key); gone is success.
+- observe_side_resources: `GET /firewall-rulesets` (the region's rulesets) and `GET /ssh-keys`
+  (account-wide: the same keys whatever region is asked), those named `gpuprov-<vm>` for a VM
+  whose name was not shortened (a shortened name cannot be read back as a VM).
 - diagnose: `GET /instances`; findings from Lambda's status (preempted, unhealthy, booting...).
 
 Errors: providers/lambda/errors.py (by Lambda's error `code`; see docs/clouds/lambda.md).
@@ -44,6 +47,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from providers.base import (
+    VM_LABEL_PREFIX,
     Billing,
     Capabilities,
     CloudProvider,
@@ -225,6 +229,19 @@ class LambdaCloud(CloudProvider):
             if key.name == name:
                 await self._delete_key(key.id)
 
+    async def observe_side_resources(self, location: Location) -> dict[str, list[str]]:
+        rulesets = await self._client.get(Op.LIST_RULESETS, "/firewall-rulesets")
+        keys = await self._client.get(Op.LIST_KEYS, "/ssh-keys")
+        by_vm: dict[str, list[str]] = {}
+        for ruleset in parse.firewall_rulesets(rulesets):
+            region = ruleset.region.name if ruleset.region is not None else None
+            if region in (None, location.region) and (vm := _vm_named(ruleset.name)):
+                by_vm.setdefault(vm, []).append(f"firewall-ruleset {ruleset.id} {ruleset.name}")
+        for key in parse.ssh_keys(keys):
+            if key.name != self.config.ssh_key_name and (vm := _vm_named(key.name)):
+                by_vm.setdefault(vm, []).append(f"ssh-key {key.name}")
+        return by_vm
+
     async def diagnose(
         self, location: Location, vm: str, instance_id: str | None = None
     ) -> Diagnosis:
@@ -340,3 +357,12 @@ def _check_offer(offer: Offer) -> None:
 def _path_id(value: str) -> str:
     """An id (from the cloud's own answers) as exactly one path segment."""
     return quote(value, safe="")
+
+
+def _vm_named(name: str) -> str | None:
+    """The VM whose own ruleset or key `name` is: `gpuprov-<vm>`, never a shortened one (its
+    `~` never occurs in a VM identity, and the name is all that is listed)."""
+    vm = name.removeprefix(VM_LABEL_PREFIX)
+    if not vm or vm == name or "~" in vm:
+        return None
+    return vm if parse.instance_name(vm) == name else None

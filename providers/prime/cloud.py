@@ -28,6 +28,7 @@ Primitive -> API calls (paths exactly as in the vendor OpenAPI document; base
 - delete: `DELETE /api/v1/pods/{pod_id}` per id; not found / already terminated is success.
 - cleanup: nothing. The SSH key is the deployment's (one client key for every VM), shared like
   a user's own key, so no VM may delete it; Prime has no other per-VM side resource.
+- observe_side_resources: {} without a call (nothing per VM exists to list).
 - diagnose: the contract's default, from observe.
 
 Prime cannot open ports (no field in a pod request, no firewall API): Capabilities.unsupported
@@ -343,6 +344,10 @@ class PrimeCloud(CloudProvider):
     async def cleanup(self, location: Location, vm: str) -> None:
         """Nothing per VM: Prime has no firewall, and the SSH key prepare registers is the
         deployment's, shared by every VM (deleting it would break the next create)."""
+
+    async def observe_side_resources(self, location: Location) -> dict[str, list[str]]:
+        """Nothing per VM exists to list (see cleanup)."""
+        return {}
 
 
 def pod_request(

@@ -23,6 +23,7 @@ Primitive -> RunPod calls (base `https://api.runpod.io`, `Authorization: Bearer 
 - sweep_regions: the configured `data_centers` (no call).
 - delete: `DELETE /v2/pods/{id}` per id; 204 done, 404 already gone.
 - cleanup: nothing to do (no call).
+- observe_side_resources: {} without a call (nothing per VM exists to list).
 - diagnose: the contract's default, from observe.
 
 Errors are classified in providers/runpod/errors.py (documented detail phrases, then status).
@@ -151,6 +152,10 @@ class RunPodCloud(CloudProvider):
 
     async def cleanup(self, location: Location, vm: str) -> None:
         """RunPod pods have no per-VM side resources: nothing to remove."""
+
+    async def observe_side_resources(self, location: Location) -> dict[str, list[str]]:
+        """No per-VM side resources exist to list."""
+        return {}
 
     # ------------------------------------------------------------------ internals
 

@@ -26,6 +26,9 @@ only call made to a machine. Primitive -> what happens:
   with the host's `key_path` and only its trusted host key, and remove what the node agent
   installed ("$HOME/.gpuprov/<vm>/"), stopping the agent if it still runs. Unreachable: Failed
   (the job records a possible orphan and moves on; the reconciler cleans up again later).
+- observe_side_resources: the contract's default, None: what the agent installed is seen only by
+  logging in to each host, so the reconciler never lists it; an orphan record or a VM row
+  whose cleanup failed brings a VM back to cleanup instead.
 - ssh_client_key_path (for activities/bootstrap.py): the key of the host the VM holds.
 """
 

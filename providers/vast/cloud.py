@@ -29,6 +29,7 @@ Primitive -> Vast API call (base https://console.vast.ai, `Authorization: Bearer
 - delete: DELETE /api/v0/instances/{id}/ for each id; gone (404, not_found, no_such_instance)
   is success.
 - cleanup: no call (prepare made nothing).
+- observe_side_resources: {} without a call (nothing per VM exists to list).
 - diagnose: the contract's default, from observe.
 """
 
@@ -206,6 +207,10 @@ class VastCloud(CloudProvider):
 
     async def cleanup(self, location: Location, vm: str) -> None:
         """Nothing to clean: prepare makes no side resources on Vast."""
+
+    async def observe_side_resources(self, location: Location) -> dict[str, list[str]]:
+        """Prepare makes none, so there is nothing to list."""
+        return {}
 
     # ------------------------------------------------------------------ helpers
 

@@ -1,7 +1,7 @@
 """A small stateful Compute Engine behind a respx router, for whole-job tests (reusable).
 
 `FakeGce` answers the calls the gce adapter makes, with documented response shapes:
-machineTypes/acceleratorTypes aggregated lists, firewalls insert/delete, instances insert
+machineTypes/acceleratorTypes aggregated lists, firewalls insert/delete/list, instances insert
 (honouring `requestId`: a repeat returns the same operation and makes nothing), zone-operation
 waits (PENDING -> RUNNING -> DONE, one step per wait), label-filtered lists (paginated, zone and
 aggregated), get, delete (STOPPING, then gone), zone operations, and Cloud Billing SKUs.
@@ -244,6 +244,7 @@ class FakeGce:
             side_effect=self._accelerators
         )
         r.post(url__regex=rf"^{project}/global/firewalls\?").mock(side_effect=self._fw_insert)
+        r.get(url__regex=rf"^{project}/global/firewalls(\?|$)").mock(side_effect=self._fw_list)
         r.delete(url__regex=rf"^{project}/global/firewalls/(?P<name>[^/?]+)").mock(
             side_effect=self._fw_delete
         )
@@ -278,6 +279,17 @@ class FakeGce:
             return _error(409, "alreadyExists", f"The resource '{body['name']}' already exists")
         self.firewalls[body["name"]] = body
         return self._operation(request, "global", "insert", body["name"], ["DONE"], now=True)
+
+    def _fw_list(self, request: httpx.Request) -> httpx.Response:
+        """The rules whose whole name matches the `name eq "<RE2>"` filter; one page."""
+        query = parse_qs(urlsplit(str(request.url)).query).get("filter", [""])[0]
+        pattern = re.fullmatch(r'name eq "(.*)"', query)
+        items = [
+            {"kind": "compute#firewall", **body}
+            for name, body in sorted(self.firewalls.items())
+            if pattern is None or re.fullmatch(pattern.group(1), name)
+        ]
+        return _json({"kind": "compute#firewallList", "id": "firewalls", "items": items})
 
     def _fw_delete(self, request: httpx.Request, name: str) -> httpx.Response:
         if replay := self._replayed(request):

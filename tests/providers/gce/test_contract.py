@@ -4,7 +4,8 @@ Billing API v1 (tests/fixtures/discovery, see SOURCES.md; the validator is disco
 Every request the adapter sends while it runs each primitive against FakeGce (plan, prepare
 with the job's ports, create on-demand from an image family, Spot from a machine image and N1
 with its options, a stockout, observe by zone and by region,
-observe_region across pages, diagnose, delete, cleanup, and the repeats that answer 404 or 409)
+observe_region across pages, diagnose, delete, cleanup, the side-resource listing, and the
+repeats that answer 404 or 409)
 is a documented method with documented parameters and body; every 2xx answer FakeGce gives and
 every response fixture in bodies.py uses only documented properties. Error bodies
 (`{"error": {...}}`) are not described by Discovery and are not checked here. Negative controls
@@ -46,6 +47,7 @@ EXPECTED_METHODS = {
     "cloudbilling.services.skus.list",
     "compute.firewalls.insert",
     "compute.firewalls.delete",
+    "compute.firewalls.list",
     "compute.instances.insert",
     "compute.zoneOperations.wait",
     "compute.instances.list",
@@ -154,6 +156,7 @@ async def drive() -> list[Exchange]:
             await main.delete(REGION, vm, found)  # already going: gone or a replay
         await main.observe_region(REGION)
         await main.observe_region(REGION)
+        assert first.vm in await main.observe_side_resources(REGION)
         await main.cleanup(REGION, first.vm)
         await main.cleanup(REGION, first.vm)  # 404: gone
     finally:
