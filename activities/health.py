@@ -81,8 +81,9 @@ class HealthActivities:
 
     @activity.defn(name="check_health")
     async def check_health(self, request: HealthInput) -> HealthReport:
-        row = await asyncio.to_thread(self._records.get_vm, request.vm)
-        return await self._check(request, row)
+        async with Heartbeater(CheckProgress(nodes=1), beat_at_start=False):
+            row = await asyncio.to_thread(self._records.get_vm, request.vm)
+            return await self._check(request, row)
 
     @activity.defn(name="check_nodes")
     async def check_nodes(self, request: NodesHealthInput) -> list[HealthReport]:

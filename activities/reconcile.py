@@ -45,6 +45,7 @@ from temporalio import activity
 from temporalio.client import Client
 
 from activities.errors import truncate
+from activities.heartbeat import Heartbeater
 from activities.store import record_possible_orphan
 from gpuprov.db import OrphanRecord, VmRecord, utcnow
 from gpuprov.owners import Standing, job_situation
@@ -75,6 +76,10 @@ class SurveyInput(Model):
     grace_seconds: float = Field(default=600.0, ge=0)
     provider: str | None = None  # only this provider; None = every enabled one
     job: str | None = None  # only this job's VM rows and their open orphans; None = everything
+
+
+class SurveyProgress(Model):
+    """Heartbeat details of a survey: nothing to resume, only a sign of life."""
 
 
 class Candidate(Model):
@@ -163,6 +168,12 @@ class ReconcileActivities:
 
     @activity.defn(name="reconcile_survey")
     async def reconcile_survey(self, request: SurveyInput) -> Survey:
+        # Beats while it lists every region, so a worker that dies mid-survey is noticed in
+        # seconds; a retry surveys again from the start (it only reads and records).
+        async with Heartbeater(SurveyProgress(), beat_at_start=False):
+            return await self._survey(request)
+
+    async def _survey(self, request: SurveyInput) -> Survey:
         survey = Survey()
         providers = {
             name: provider

@@ -65,6 +65,9 @@ class PlacedInput(Model):
 class OrphanInput(Model):
     node: NodeInstance
     error: str
+    # The reconciler's own failed try (its backoff grows); a job's teardown records, however
+    # often it repeats (a re-run local activity), do not count as tries.
+    retried: bool = True
 
 
 class ResolveInput(Model):
@@ -204,7 +207,12 @@ class StoreActivities:
     async def record_orphan(self, request: OrphanInput) -> None:
         node = request.node
         await record_possible_orphan(
-            self._records, node.location, node.vm, node.instance_ids, request.error
+            self._records,
+            node.location,
+            node.vm,
+            node.instance_ids,
+            request.error,
+            retried=request.retried,
         )
 
     @activity.defn(name="resolve_orphan")
@@ -226,7 +234,13 @@ class StoreActivities:
 
 
 async def record_possible_orphan(
-    records: Records, location: Location, vm: str, instance_ids: list[str], error: str
+    records: Records,
+    location: Location,
+    vm: str,
+    instance_ids: list[str],
+    error: str,
+    *,
+    retried: bool = True,
 ) -> OrphanRecord:
     """Record a machine that may outlive its job (a repeat bumps its attempts); a new one
     counts in gpuprov_orphans_found_total. Used by teardown and by the reconciler's survey."""
@@ -238,6 +252,7 @@ async def record_possible_orphan(
             vm=vm,
             instance_ids=instance_ids,
             error=error,
+            retried=retried,
         )
     )
     if orphan.attempts == 1:  # a failed retry of a known orphan is not new

@@ -592,9 +592,12 @@ class Records:
         vm: str,
         instance_ids: list[str],
         error: str,
+        retried: bool = True,
     ) -> OrphanRecord:
-        """Record a machine whose termination failed; while it is unresolved, a repeat bumps
-        attempts and refreshes last_seen, last_error and instance_ids. The VM's row, where there
+        """Record a machine whose termination failed; while it is unresolved, a repeat refreshes
+        last_seen, last_error and instance_ids, and bumps attempts when it was a retry of the
+        deletion (`retried`; a job recording its own teardown again is not: the reconciler's
+        backoff counts its own tries). The VM's row, where there
         is one, says `orphaned`, unless the user kept the machine on purpose."""
         row = self.get_vm(vm)
         if row is not None and row.status not in ("orphaned", "kept"):
@@ -611,7 +614,7 @@ class Records:
                 instance_ids=list(instance_ids),
                 last_seen=now,
                 last_error=error,
-                attempts=OrphanRecord.attempts + 1,
+                attempts=OrphanRecord.attempts + (1 if retried else 0),
             )
         )
         fresh = OrphanRecord(

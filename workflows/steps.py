@@ -127,12 +127,16 @@ STEPS: dict[Callable[..., Any], Step] = {
         Stage.ATTEMPT, policy.FORWARD_RETRY, _boot, CALL_HEARTBEAT
     ),
     K3sActivities.setup_k3s: Step(Stage.ATTEMPT, policy.FORWARD_RETRY, K3S_STEP, K3S_HEARTBEAT),
-    HealthActivities.check_health: Step(Stage.ATTEMPT, policy.FORWARD_RETRY, HEALTH_STEP),
+    HealthActivities.check_health: Step(
+        Stage.ATTEMPT, policy.FORWARD_RETRY, HEALTH_STEP, CALL_HEARTBEAT
+    ),
     HealthActivities.check_nodes: Step(
         Stage.ATTEMPT, policy.FORWARD_RETRY, NODES_HEALTH_STEP, CALL_HEARTBEAT
     ),
     # the reconciler
-    ReconcileActivities.reconcile_survey: Step(Stage.PLAN, policy.FORWARD_RETRY, CLOUD_STEP),
+    ReconcileActivities.reconcile_survey: Step(
+        Stage.PLAN, policy.FORWARD_RETRY, CLOUD_STEP, CALL_HEARTBEAT
+    ),
     # the liveness sweep
     LivenessActivities.sweep_liveness: Step(Stage.BOOKKEEPING, policy.FORWARD_RETRY, CLOUD_STEP),
 }

@@ -50,4 +50,8 @@ async def _retire_once(node: NodeInstance, hints: Capabilities) -> None:
 
 
 async def record_orphan(node: NodeInstance, error: str) -> None:
-    await run_step(StoreActivities.record_orphan, OrphanInput(node=node, error=error))
+    # Only the reconciler's tries count toward its backoff: a job's record, repeated when its
+    # local activity runs again, must not push the next pass's try back by minutes.
+    retried = workflow.info().workflow_type == "Reconcile"
+    request = OrphanInput(node=node, error=error, retried=retried)
+    await run_step(StoreActivities.record_orphan, request)

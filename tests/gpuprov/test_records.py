@@ -650,6 +650,16 @@ def test_orphan_upserts_while_open_and_starts_over_once_resolved(records: Record
     assert [orphan.id for orphan in records.open_orphans()] == [reopened.id]
 
 
+def test_a_jobs_repeated_orphan_record_does_not_count_as_a_retry(records: Records):
+    """A job's teardown record that runs again (a re-run local activity) leaves the attempts
+    the reconciler's backoff is computed from as they were."""
+    where = dict(provider="fake", region="r1", zone=None, vm="train-a1-n0", instance_ids=[])
+    records.record_orphan(**where, error="Credentials at wait_gone", retried=False)
+    again = records.record_orphan(**where, error="Credentials at wait_gone", retried=False)
+    assert again.attempts == 1
+    assert records.record_orphan(**where, error="the reconciler's try").attempts == 2
+
+
 def test_concurrent_orphan_reports_keep_one_open_row(records: Records, database: Database):
     def report(index: int):
         return records.record_orphan(

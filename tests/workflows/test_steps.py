@@ -71,3 +71,19 @@ def test_workflows_schedule_activities_only_through_run_step():
             ):
                 offenders.append(f"{path.name}:{node.lineno} {node.attr}")
     assert offenders == []
+
+
+def test_every_remote_step_that_reaches_a_cloud_or_node_heartbeats_within_seconds():
+    """A step held by a SIGKILLed worker is handed out again within the heartbeat timeout:
+    every remote step but the k3s installers (long SSH commands, their own minute) and the
+    liveness sweep (the database only) heartbeats at CALL_HEARTBEAT."""
+    from activities.k3s import K3sActivities
+    from activities.liveness import LivenessActivities
+    from workflows.steps import CALL_HEARTBEAT
+
+    exempt = {K3sActivities.setup_k3s, LivenessActivities.sweep_liveness}
+    remote = {fn: step for fn, step in STEPS.items() if not step.local and fn not in exempt}
+    assert remote
+    slow = {step_name(fn): step.heartbeat for fn, step in remote.items()}
+    assert all(beat == CALL_HEARTBEAT for beat in slow.values()), slow
+    assert CALL_HEARTBEAT.total_seconds() <= 10
