@@ -104,6 +104,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -628,6 +629,23 @@ def retry_after(value: str | None) -> float | None:
     return min(seconds, MAX_RETRY_AFTER) if seconds >= 0 else None
 
 
+def _has_credentials(url: str) -> bool:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        return parts.username is not None or parts.password is not None
+    except ValueError:
+        return "@" in url.partition("//")[2].partition("/")[0]
+
+
+def masked_url(url: str) -> str:
+    """`url` with anything before an @ in its authority (user, password) shown as ***."""
+    scheme, slashes, rest = url.partition("//")
+    authority, slash, tail = rest.partition("/")
+    if not slashes or "@" not in authority:
+        return url
+    return f"{scheme}//***@{authority.rpartition('@')[2]}{slash}{tail}"
+
+
 def call_api(
     api_url: str,
     path: str,
@@ -646,11 +664,17 @@ def call_api(
     A 4xx is final: AgentError with the server's message and `status`; so is a certificate
     that does not verify. 5xx, 429 and connection errors are retried with exponential backoff
     from `pause` (capped at 30 s), never sooner than the answer's Retry-After, for `tries`
-    attempts in all. `secret` (and the credential) never appear in a message.
+    attempts in all. `secret` (and the credential) never appear in a message, nor does a
+    password in the URL: a URL with credentials is refused before any call.
     """
     url = api_url.rstrip("/") + path
     if not url.startswith(("http://", "https://")):
-        raise AgentError(f"bad API URL {api_url!r}: expected http(s)://host:port")
+        raise AgentError(f"bad API URL {masked_url(api_url)!r}: expected http(s)://host:port")
+    if _has_credentials(url):
+        raise AgentError(
+            f"bad API URL {masked_url(api_url)!r}: credentials (user:password@) do not belong "
+            "in it; the API takes none there"
+        )
     context = _context(url, ca_file)
     headers = {"Content-Type": "application/json"} if body is not None else {}
     if credential is not None:
@@ -1101,7 +1125,7 @@ def run(args: argparse.Namespace) -> int:
 
     runner = WorkRunner(call, state_dir)
     threading.Thread(target=runner.loop, name="work", daemon=True).start()
-    log.info("heartbeating to %s", url)
+    log.info("heartbeating to %s", masked_url(url))
     return heartbeat_forever(url, credential, args.ca_file, registered, probe, runner)
 
 
