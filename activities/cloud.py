@@ -20,7 +20,10 @@
   observes the VM identity and deletes every instance found plus the known ids.
 
 ProviderError becomes ApplicationError(type=<ErrorKind>) through `activities.redaction.scrubbed`,
-which scrubs every secret in play out of the message first (any other exception too).
+which scrubs every secret in play out of the message first (any other exception too). What a
+cloud answered is scrubbed the same way before it leaves: plan's offers (names, descriptions,
+GPU names, detail) and every observe's instances (ids, messages), also before they reach a
+heartbeat's details (`activities.redaction.clean`).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from activities.errors import to_application_error
 from activities.fencing import CallFence
 from activities.heartbeat import Heartbeater
 from activities.observe_hub import ObserveHub
-from activities.redaction import scrubbed
+from activities.redaction import clean, scrubbed
 from activities.ssh_keys import KeyStore, host_key_cloud_config
 from gpuprov.fences import VmFences
 from providers.base import (
@@ -173,7 +176,7 @@ class CloudActivities:
             return PlanResult(rejected=[refusal(request.provider, refused)])
         async with _beating():
             with scrubbed(provider):
-                offers = await provider.plan(request.request)
+                offers = clean(await provider.plan(request.request), provider.secrets())
         result = PlanResult()
         for offer in offers:
             reasons = compatibility_reasons(offer, request.request)
@@ -264,7 +267,10 @@ class CloudActivities:
     async def _poll(
         self, provider: CloudProvider, request: VmInput, interval: float
     ) -> list[Observed] | None:
-        return await _observe_tolerating_transient(self._observe_hub, provider, request, interval)
+        observed = await _observe_tolerating_transient(
+            self._observe_hub, provider, request, interval
+        )
+        return clean(observed, provider.secrets())
 
     def _keyed(self, provider: str, spec: InstanceSpec) -> InstanceSpec:
         """The spec prepare gets: with the worker's client key where the core bootstraps the

@@ -9,7 +9,9 @@ check_health(vm):
    reachable? does the node agent answer (`agent.py probe`)? are the GPUs visible, and is the
    GPU runtime working?
 The verdict: gone (nothing carries the identity) / unhealthy (any critical finding) / degraded
-(any warning) / healthy. Read-only: it never changes the machine or the records.
+(any warning) / healthy. Read-only: it never changes the machine or the records. The report is
+scrubbed of the provider's secrets (any run of 8 or more of their characters) before it leaves
+the activity: a cloud's diagnosis is its own words.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.bootstrap import AGENT_FILE, node_client_key, node_host_key_trust, remote_dir
 from activities.heartbeat import Heartbeater
-from activities.redaction import scrubbed
+from activities.redaction import clean, scrubbed
 from activities.ssh_connect import Endpoint, HostKeyMismatch, connect_verified
 from activities.ssh_keys import KeyStore
 from gpuprov.db import VmRecord
@@ -115,9 +117,11 @@ class HealthActivities:
             else:
                 findings += await self._probe(request, instance.ssh, row)
         report = Diagnosis(instance=instance, findings=findings)
-        return HealthReport(
+        health = HealthReport(
             vm=request.vm, verdict=report.verdict, findings=findings, checked_at=datetime.now(UTC)
         )
+        provider = self._providers.get(row.provider) if row is not None else None
+        return clean(health, provider.secrets()) if provider is not None else health
 
     async def _diagnose(self, vm: str, row: VmRecord | None) -> Diagnosis:
         if row is None:

@@ -11,9 +11,10 @@ registers first (the join token as `register` reads it, never from argv or the e
 then it heartbeats (POST /v1/workers/heartbeat) at the interval the API answers, each with a
 fresh verdict: the registration probe, the GPUs registered that nvidia-smi no longer lists, and
 what `nvidia-smi -q` says of lost GPUs and uncorrectable memory errors (`query_findings`).
-Connection errors, 5xx and 429 are retried with backoff for as long as it takes: an API outage
-never stops it. A refused credential (401: the worker was removed, or its machine released)
-stops it with exit 0 and one log line, once any work still running is stopped.
+Connection errors, 5xx and 429 are retried with backoff for as long as it takes (never sooner
+than the answer's Retry-After): an API outage, or the API throttling this address, never stops
+it. A refused credential (401: the worker was removed, or its machine released) stops it with
+exit 0 and one log line, once any work still running is stopped.
 
 Beside the heartbeats, `run` runs the node's part of a job (`WorkRunner`, a thread): it reads
 its assignment (GET /v1/work, every few seconds while the worker is reserved or busy, at once
@@ -103,6 +104,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -122,6 +124,7 @@ MIN_INTERVAL, MAX_INTERVAL = 0.05, 3600.0  # what is taken from the API's answer
 MAX_DETAIL = 500  # the API's limit on a heartbeat's detail
 PACKAGE_STATE_DIR = "~/.gpuprov/worker"
 MAX_PAUSE = 30.0
+MAX_RETRY_AFTER = 300.0  # seconds: the longest Retry-After honoured
 LIBCUDA = "libcuda.so.1"
 DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
 GPU_QUERY = ("--query-gpu=name,memory.total,driver_version,uuid", "--format=csv,noheader,nounits")
@@ -166,12 +169,20 @@ log = logging.getLogger("gpuprov.agent")
 
 class AgentError(Exception):
     """Registration failed. `status`: the HTTP status of a refusal; `transient`: we gave up
-    retrying something that might work later (API down, 5xx)."""
+    retrying something that might work later (API down, 5xx, 429); `retry_after`: the seconds
+    the API asked us to wait before the next try (a 429's or 503's Retry-After)."""
 
-    def __init__(self, message: str, status: int | None = None, transient: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        status: int | None = None,
+        transient: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.transient = transient
+        self.retry_after = retry_after
 
 
 class _SmiFailed(Exception):
@@ -608,6 +619,33 @@ def _untrusted(error: OSError) -> ssl.SSLCertVerificationError | None:
     return reason if isinstance(reason, ssl.SSLCertVerificationError) else None
 
 
+def retry_after(value: str | None) -> float | None:
+    """A Retry-After header's seconds (the API sends whole seconds), capped at MAX_RETRY_AFTER
+    so a wrong header cannot park the agent; None when absent or not a number."""
+    try:
+        seconds = float((value or "").strip())
+    except ValueError:
+        return None
+    return min(seconds, MAX_RETRY_AFTER) if seconds >= 0 else None
+
+
+def _has_credentials(url: str) -> bool:
+    try:
+        parts = urllib.parse.urlsplit(url)
+        return parts.username is not None or parts.password is not None
+    except ValueError:
+        return "@" in url.partition("//")[2].partition("/")[0]
+
+
+def masked_url(url: str) -> str:
+    """`url` with anything before an @ in its authority (user, password) shown as ***."""
+    scheme, slashes, rest = url.partition("//")
+    authority, slash, tail = rest.partition("/")
+    if not slashes or "@" not in authority:
+        return url
+    return f"{scheme}//***@{authority.rpartition('@')[2]}{slash}{tail}"
+
+
 def call_api(
     api_url: str,
     path: str,
@@ -625,19 +663,25 @@ def call_api(
 
     A 4xx is final: AgentError with the server's message and `status`; so is a certificate
     that does not verify. 5xx, 429 and connection errors are retried with exponential backoff
-    from `pause` (capped at 30 s) for `tries` attempts in all. `secret` (and the credential) never
-    appear in a message.
+    from `pause` (capped at 30 s), never sooner than the answer's Retry-After, for `tries`
+    attempts in all. `secret` (and the credential) never appear in a message, nor does a
+    password in the URL: a URL with credentials is refused before any call.
     """
     url = api_url.rstrip("/") + path
     if not url.startswith(("http://", "https://")):
-        raise AgentError(f"bad API URL {api_url!r}: expected http(s)://host:port")
+        raise AgentError(f"bad API URL {masked_url(api_url)!r}: expected http(s)://host:port")
+    if _has_credentials(url):
+        raise AgentError(
+            f"bad API URL {masked_url(api_url)!r}: credentials (user:password@) do not belong "
+            "in it; the API takes none there"
+        )
     context = _context(url, ca_file)
     headers = {"Content-Type": "application/json"} if body is not None else {}
     if credential is not None:
         headers["Authorization"] = f"Bearer {credential}"
     data = json.dumps(body).encode() if body is not None else None
     hidden = {value: name for value, name in ((secret, "<token>"), (credential, "<credential>"))}
-    tries, problem = max(tries, 1), ""
+    tries, problem, wait = max(tries, 1), "", None
     for attempt in range(1, tries + 1):
         request = urllib.request.Request(
             url, data=data, method="POST" if data is not None else "GET", headers=headers
@@ -654,6 +698,7 @@ def call_api(
                 refusal = f"{what or path} refused ({error.code}): {message}"
                 raise AgentError(refusal, error.code) from None
             problem = f"HTTP {error.code}: {message}"
+            wait = retry_after(error.headers.get("Retry-After")) if error.headers else None
         except ValueError as error:  # a 200 whose body is not JSON
             raise AgentError(f"unreadable response from {url}: {error}") from None
         except OSError as error:  # URLError, refused, reset, timed out, TLS
@@ -663,12 +708,14 @@ def call_api(
                     f"the API's certificate at {url} is not trusted "
                     f"({untrusted.verify_message}): pass --ca-file with the CA that signed it"
                 ) from None
-            problem = f"cannot reach {url}: {getattr(error, 'reason', error)}"
+            problem, wait = f"cannot reach {url}: {getattr(error, 'reason', error)}", None
         if attempt < tries:
-            delay = min(pause * 2 ** (attempt - 1), MAX_PAUSE)
+            delay = max(min(pause * 2 ** (attempt - 1), MAX_PAUSE), wait or 0.0)
             log.warning("attempt %d/%d: %s; retrying in %.1fs", attempt, tries, problem, delay)
             time.sleep(delay)
-    raise AgentError(f"{what or path} failed after {tries} attempts: {problem}", transient=True)
+    raise AgentError(
+        f"{what or path} failed after {tries} attempts: {problem}", transient=True, retry_after=wait
+    )
 
 
 def _hide(text: str, secrets: dict) -> str:
@@ -984,7 +1031,7 @@ def until_through(call: Callable, what: str) -> Any:
             failures += 1
             if failures % 10 == 1:
                 log.warning("%s failed (%d in a row): %s; retrying", what, failures, error)
-            time.sleep(_backoff(failures, MAX_PAUSE))
+            time.sleep(max(_backoff(failures, MAX_PAUSE), error.retry_after or 0.0))
 
 
 def _interval(answered: object, current: float) -> float:
@@ -1034,7 +1081,7 @@ def heartbeat_forever(
             failures += 1
             if failures == 1 or failures % 10 == 0:
                 log.warning("heartbeat failed (%d in a row): %s; retrying", failures, error)
-            time.sleep(_backoff(failures, min(interval, MAX_PAUSE)))
+            time.sleep(max(_backoff(failures, min(interval, MAX_PAUSE)), error.retry_after or 0.0))
             continue
         if failures:
             log.info("heartbeats accepted again after %d failed", failures)
@@ -1078,7 +1125,7 @@ def run(args: argparse.Namespace) -> int:
 
     runner = WorkRunner(call, state_dir)
     threading.Thread(target=runner.loop, name="work", daemon=True).start()
-    log.info("heartbeating to %s", url)
+    log.info("heartbeating to %s", masked_url(url))
     return heartbeat_forever(url, credential, args.ca_file, registered, probe, runner)
 
 

@@ -37,7 +37,7 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 
 import h11
 import uvicorn
@@ -239,14 +239,22 @@ def create_app(
             503: {"description": "the database is unavailable now; retry after Retry-After"},
             429: auth.REFUSALS[429],
         },
-        dependencies=[Depends(auth.not_throttled)],
     )
-    async def register(body: RegisterRequest, request: Request) -> RegisterResponse:
+    async def register(
+        body: RegisterRequest, throttle: Annotated[auth.Guard, Depends(auth.guard)]
+    ) -> RegisterResponse:
+        wait = throttle.wait(body.token)
+        # Throttled: a read tells a good token from a bad one before anything is written, so
+        # the neighbours' bad tokens never hold up this node's registration.
+        if wait is not None and not await asyncio.to_thread(
+            records.token_redeemable, body.token, datetime.now(UTC)
+        ):
+            raise auth.too_many(wait)
         try:
             return await _register(records, body)
         except HTTPException as error:
             if error.status_code == 401:  # a bad join token counts like a bad key
-                auth.auth_failed(request)
+                raise throttle.refused(body.token, str(error.detail)) from None
             raise
 
     return app

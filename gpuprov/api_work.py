@@ -49,6 +49,9 @@ log = logging.getLogger(__name__)
 MAX_TAIL = 8192  # characters of an exit report's last lines
 MAX_CHUNK = 60_000  # characters of one log chunk (the body is at most 64 KiB anyway)
 MAX_SEQ = 2**62
+# The largest `after`: a log chunk's id is an INTEGER column, 32 bits on PostgreSQL (no id is
+# ever larger). Past it, a 422 naming the parameter, not a driver's overflow answered 500.
+MAX_AFTER = 2**31 - 1
 RECONNECT_PAUSE = 30.0  # seconds before a failed connection to Temporal is tried again
 CONNECT_TIMEOUT = 10.0
 
@@ -224,7 +227,7 @@ def add_routes(app: FastAPI, jobs: JobsSettings, temporal: TemporalSource) -> No
     @app.get("/v1/jobs/{job}/logs", dependencies=[Depends(require_operator)], responses=REFUSALS)
     async def job_output(
         job: Annotated[str, Path(pattern=JOB_NAME_PATTERN)],
-        after: Annotated[int, Query(ge=0)] = 0,
+        after: Annotated[int, Query(ge=0, le=MAX_AFTER)] = 0,
         node: Annotated[int | None, Query(ge=0, le=1024)] = None,
         limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
     ) -> LogPage:

@@ -2,14 +2,23 @@
 
     Depends(require_operator)   an operator API key:       Authorization: Bearer gpo_...
     Depends(require_worker)     a registered worker's credential: Authorization: Bearer gpw_...
-    Depends(not_throttled)      for endpoints that check a secret themselves (registration's
-                                join token); they call `auth_failed(request)` on a bad one
+    Depends(guard)              for endpoints that check a secret themselves (registration's
+                                join token): `Guard.refused(secret, detail)` on a bad one
 
 Only /v1/health is open. A refused secret is 401 with `WWW-Authenticate: Bearer`, and the
-lookup only reads, so a refused call changes nothing in the database. A client address that
-keeps presenting bad keys, credentials or join tokens gets 429 with Retry-After until its
-oldest recent failure is a window old (`AuthFailures`); the table of addresses is bounded,
-the least recently failing forgotten first.
+lookup only reads, so a refused call changes nothing in the database.
+
+Throttling costs only failures, never a good secret. Every secret is checked first (a worker's
+credential or an operator's key by its row, a join token by its SHA-256, both single indexed
+reads; a malformed one without the database), and a valid one is served whoever sent it. Only a
+refusal is counted, twice: against the client's address and against the refused secret itself
+(its SHA-256), each a sliding window (`AuthFailures`). A refusal while either count is full is
+429 with Retry-After instead of 401. So a stream of bad tokens from one address (every node
+behind one NAT gateway shares it) slows only that stream, never a neighbour's registration or
+heartbeat, and one bad secret retried from many addresses is slowed too. Secrets are 32 random
+bytes, so guessing one is hopeless either way; the throttle keeps refusals cheap and tells a
+misconfigured client to back off. The tables are bounded, the least recently failing forgotten
+first.
 
 `install(app, credentials)` puts what the dependencies need in `app.state`. Behind a reverse
 proxy, the client address is the proxy's unless uvicorn trusts its X-Forwarded-For
@@ -19,6 +28,7 @@ proxy, the client address is the proxy's unless uvicorn trusts its X-Forwarded-F
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import math
 import time
 from collections import OrderedDict, deque
@@ -31,15 +41,19 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from gpuprov.credentials import Credentials
 from gpuprov.db import OperatorKey, WorkerRecord
 
-# A client may get this many secrets wrong within the window; the next call is 429.
+# An address (or one secret) may be refused this many times within the window; the next
+# refusal is 429. A valid secret is never refused, so this never holds one up.
 MAX_FAILURES = 20
 WINDOW_SECONDS = 60.0
-MAX_CLIENTS = 10_000  # addresses remembered; memory stays below MAX_CLIENTS x MAX_FAILURES
+MAX_CLIENTS = 10_000  # addresses and secrets remembered; memory below MAX_CLIENTS x MAX_FAILURES
 
 # What an endpoint documents about its refusals (OpenAPI), merged into its `responses`.
 REFUSALS: dict[int | str, dict[str, Any]] = {
     401: {"description": "missing, unknown or revoked credential"},
-    429: {"description": "too many bad credentials from this address; see Retry-After"},
+    429: {
+        "description": "a bad secret, from an address (or the same bad secret) refused too "
+        "often lately; see Retry-After. A valid one is never throttled"
+    },
 }
 
 # What the body-limit middleware answers any request that carries a body.
@@ -61,7 +75,8 @@ _worker_credential = HTTPBearer(
 
 
 class AuthFailures:
-    """Recent authentication failures per client address: a sliding window, bounded memory."""
+    """Recent authentication failures per key (a client address, a refused secret's digest):
+    a sliding window each, bounded memory."""
 
     def __init__(
         self,
@@ -111,52 +126,79 @@ def client_address(request: Request) -> str:
     return request.client.host if request.client else "unknown"
 
 
-def auth_failed(request: Request) -> None:
-    """Count a bad secret against the caller's address."""
-    request.app.state.auth_failures.failed(client_address(request))
+def _secret_key(secret: str) -> str:
+    """What a refused secret is counted under: its digest, never the secret itself."""
+    return "secret:" + hashlib.sha256(secret.encode()).hexdigest()
 
 
-async def not_throttled(request: Request) -> None:
-    """429 for an address that got too many secrets wrong lately."""
-    wait = request.app.state.auth_failures.retry_after(client_address(request))
-    if wait is not None:
-        raise HTTPException(
-            429,
-            "too many bad credentials from this address; try again later",
-            headers={"Retry-After": str(wait)},
-        )
+class Guard:
+    """One request's view of the throttle: whether its bad secret would be throttled now, and
+    the refusal to raise for one (401, counted; or 429 while its address or the secret itself
+    was refused too often)."""
+
+    def __init__(self, request: Request) -> None:
+        self._failures: AuthFailures = request.app.state.auth_failures
+        self._address = client_address(request)
+
+    def _keys(self, secret: str | None) -> list[str]:
+        return [self._address] if not secret else [self._address, _secret_key(secret)]
+
+    def wait(self, secret: str | None) -> int | None:
+        """Seconds until a refusal of `secret` from this address is 401 again; None: now."""
+        waits = [self._failures.retry_after(key) for key in self._keys(secret)]
+        return max((wait for wait in waits if wait is not None), default=None)
+
+    def refused(self, secret: str | None, detail: str) -> HTTPException:
+        wait = self.wait(secret)
+        if wait is not None:
+            return too_many(wait)
+        for key in self._keys(secret):
+            self._failures.failed(key)
+        return HTTPException(401, detail, headers={"WWW-Authenticate": "Bearer"})
 
 
-def _refuse(request: Request, detail: str) -> HTTPException:
-    auth_failed(request)
-    return HTTPException(401, detail, headers={"WWW-Authenticate": "Bearer"})
+def too_many(wait: int) -> HTTPException:
+    return HTTPException(
+        429,
+        "too many bad secrets from this address; try again later",
+        headers={"Retry-After": str(wait)},
+    )
+
+
+async def guard(request: Request) -> Guard:
+    return Guard(request)
 
 
 async def require_operator(
     request: Request,
-    _: Annotated[None, Depends(not_throttled)],
+    throttle: Annotated[Guard, Depends(guard)],
     bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_operator_key)],
 ) -> OperatorKey:
-    """The caller's operator API key; 401 without a live one."""
+    """The caller's operator API key; 401 without a live one (429 while throttled)."""
     if bearer is None:
-        raise _refuse(request, "an operator API key is required (Authorization: Bearer gpo_...)")
+        raise throttle.refused(
+            None, "an operator API key is required (Authorization: Bearer gpo_...)"
+        )
     credentials: Credentials = request.app.state.credentials
     key = await asyncio.to_thread(credentials.operator, bearer.credentials)
     if key is None:
-        raise _refuse(request, "unknown or revoked operator API key")
+        raise throttle.refused(bearer.credentials, "unknown or revoked operator API key")
     return key
 
 
 async def require_worker(
     request: Request,
-    _: Annotated[None, Depends(not_throttled)],
+    throttle: Annotated[Guard, Depends(guard)],
     bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_worker_credential)],
 ) -> WorkerRecord:
-    """The calling worker, by its credential; 401 without a live one (a revoked worker's too)."""
+    """The calling worker, by its credential; 401 without a live one (a revoked worker's too;
+    429 while throttled)."""
     if bearer is None:
-        raise _refuse(request, "a worker credential is required (Authorization: Bearer gpw_...)")
+        raise throttle.refused(
+            None, "a worker credential is required (Authorization: Bearer gpw_...)"
+        )
     credentials: Credentials = request.app.state.credentials
     worker = await asyncio.to_thread(credentials.worker, bearer.credentials)
     if worker is None:
-        raise _refuse(request, "unknown or revoked worker credential")
+        raise throttle.refused(bearer.credentials, "unknown or revoked worker credential")
     return worker

@@ -40,7 +40,7 @@ from datetime import timedelta
 from typing import NoReturn
 
 from pydantic import ValidationError
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from temporalio.service import RPCError
 
 from gpuprov import agent, apikeys, owners, schedules, service, workers_cli
@@ -56,7 +56,7 @@ from gpuprov.arguments import (
     job_name,
     job_or_machine_name,
 )
-from gpuprov.client import GpuprovClient, GpuprovError
+from gpuprov.client import GpuprovClient, GpuprovError, JobNotFound
 from gpuprov.codec import codec_for
 from gpuprov.codec_server import create_codec_app, endpoint_url, ui_origins
 from gpuprov.config import (
@@ -318,14 +318,30 @@ async def _health(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _logs(settings: Settings, args: argparse.Namespace) -> int:
-    """Only --follow needs Temporal (to know when the job ends)."""
-    running = (await _client(settings)).job(args.name).running if args.follow else None
+    """--follow needs Temporal (to know when the job ends); without it, Temporal is asked only
+    when the database holds no output, to tell a quiet job from no job at all."""
+    job = (await _client(settings)).job(args.name) if args.follow else None
+    if job is not None and not await job.exists():
+        raise JobNotFound(f"no job named {args.name!r}")
+    shown = 0
     try:
+        running = job.running if job is not None else None
         async for line in read_lines(settings.database_url, args.name, args.node, running):
             where = sys.stdout if line.stream == "stdout" else sys.stderr
             print(prefixed(line), file=where, flush=True)
+            shown += 1
     except SQLAlchemyError as error:
         raise unavailable(settings.database_url, error) from None
+    if not shown and job is None:
+        try:
+            known = await (await _client(settings)).job(args.name).exists()
+        except GpuprovError as error:
+            raise GpuprovError(
+                f"no output recorded for job {args.name!r}, and whether it exists is unknown: "
+                f"{error}"
+            ) from None
+        if not known:
+            raise JobNotFound(f"no job named {args.name!r}")
     return 0
 
 
@@ -559,6 +575,7 @@ USER_ERRORS = (
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    settings: Settings | None = None
     try:
         if args.command == "demo":
             return demo_module.main(hold=args.hold)
@@ -582,6 +599,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except RPCError as error:  # a call the Temporal server refused that no command expected
         print(f"error: Temporal refused the call: {error.message}", file=sys.stderr)
+        return 2
+    except DBAPIError as error:
+        if settings is None:
+            raise
+        # The database went away under a command that had opened it: one line, naming it
+        # with its password masked, never a driver's traceback.
+        print(f"error: {unavailable(settings.database_url, error)}", file=sys.stderr)
         return 2
 
 

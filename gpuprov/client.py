@@ -194,6 +194,16 @@ class JobHandle:
                 raise JobNotFound(f"no running job named {self.name!r}: {error.message}") from None
             raise GpuprovError(f"job {self.name!r}: {error}") from None
 
+    async def exists(self) -> bool:
+        """Whether there is (or was, within the namespace's retention) a workflow for the job."""
+        try:
+            await self._handle.describe()
+        except RPCError as error:
+            if error.status is RPCStatusCode.NOT_FOUND:
+                return False
+            raise GpuprovError(f"cannot describe job {self.name!r}: {error}") from None
+        return True
+
     async def running(self) -> bool:
         """Whether the job's workflow is still running (False once it ended, or if there is
         none)."""

@@ -19,6 +19,7 @@ import tomllib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
@@ -172,11 +173,34 @@ class DatabaseSettings(Model):
     wait_seconds: float = Field(default=120.0, ge=0, le=MAX_DATABASE_WAIT_SECONDS)
 
 
+def _check_public_url(url: str | None) -> str | None:
+    """Nodes reach the API at this URL (their agents speak HTTP and HTTPS only), and it is
+    written into every node's user data and logs: no credentials in it. The messages never
+    quote it."""
+    if url is None:
+        return None
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise ValueError("not a URL: expected http(s)://host[:port]") from None
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"must be http:// or https://, not {parts.scheme or 'no'} scheme")
+    if not parts.hostname:
+        raise ValueError("names no host: expected http(s)://host[:port]")
+    if parts.username is not None or parts.password is not None:
+        raise ValueError("must not carry credentials (user:password@): the API takes none")
+    if port is not None and not 0 < port < 65536:
+        raise ValueError(f"port {port} is not 1-65535")
+    return url
+
+
 class ApiSettings(Model):
     host: str = Field(default="127.0.0.1", min_length=1, max_length=255)
     port: Port = 8080
-    # The URL booted nodes use to reach the API; defaults to http(s)://host:port.
-    public_url: str | None = None
+    # The URL booted nodes use to reach the API (http or https, no credentials); defaults to
+    # http(s)://host:port.
+    public_url: Annotated[str | None, AfterValidator(_check_public_url)] = None
     # HTTPS: the API's certificate (chain) and private key, PEM files. Without them it serves
     # plain HTTP (behind a TLS-terminating proxy, or on a private network).
     tls_cert_file: str | None = None

@@ -276,6 +276,20 @@ class Records:
             session.commit()
         return plaintext
 
+    def token_redeemable(self, plaintext: str, now: datetime) -> bool:
+        """Whether the token could be redeemed now: one read by its SHA-256, nothing written
+        (the API's throttle lets such a token through whoever sent it)."""
+        _aware(now, "now")
+        with self.db.session() as session:
+            found = session.exec(
+                select(JoinToken.token_sha256).where(
+                    col(JoinToken.token_sha256) == self.hash_token(plaintext),
+                    col(JoinToken.used_at).is_(None),
+                    col(JoinToken.expires_at) > now,
+                )
+            ).first()
+        return found is not None
+
     def redeem_token(self, session: Session, plaintext: str, now: datetime) -> JoinToken:
         """Mark the token used inside the caller's transaction and return its row.
 

@@ -18,7 +18,7 @@ from datetime import datetime
 
 from gpuprov.api_workers import summary
 from gpuprov.config import ConfigError, Settings
-from gpuprov.db import WORKER_STATES, Database, utcnow
+from gpuprov.db import WORKER_STATES, open_database, utcnow
 from gpuprov.liveness import Liveness
 from gpuprov.models import WorkerSummary
 from gpuprov.records import Records
@@ -74,9 +74,8 @@ def workers_text(workers: list[WorkerSummary], now: datetime) -> str:
 
 
 async def command(settings: Settings, args: argparse.Namespace) -> int:
-    database = Database(settings.database_url)
+    database = open_database(settings.database_url)  # one line, not a traceback, when it is out
     try:
-        database.upgrade()
         if args.workers_command is None:
             rows = Records(database).workers(state=args.state, job=args.job)
             if not args.all and args.state is None:

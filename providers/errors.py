@@ -15,7 +15,8 @@ from collections.abc import Iterable
 from enum import StrEnum
 
 REDACTED = "[redacted]"
-# Shorter values are no credential a cloud issues, and replacing them would garble the words.
+# Shorter values are no credential a cloud issues, and replacing them would garble the words;
+# any run this long that a secret contains counts as the secret (a prefix, any slice).
 MIN_SECRET_CHARS = 8
 
 
@@ -73,9 +74,30 @@ class ProviderError(Exception):
 
 
 def redact(text: str, secrets: Iterable[str]) -> str:
-    """`text` with every secret in it replaced by [redacted]; longer secrets first, so one that
-    contains another is replaced whole."""
-    wanted = {secret for secret in secrets if len(secret) >= MIN_SECRET_CHARS}
-    for secret in sorted(wanted, key=len, reverse=True):
-        text = text.replace(secret, REDACTED)
-    return text
+    """`text` with every part of a secret in it replaced by [redacted].
+
+    A part is any run of MIN_SECRET_CHARS or more characters found in a secret, not only the
+    whole of it: a cloud that echoes the first 20 characters of a key (or any slice of it) has
+    given most of it away. Every window of MIN_SECRET_CHARS characters that occurs in a secret
+    is covered, and each run of covered characters becomes one [redacted].
+    """
+    size = MIN_SECRET_CHARS
+    wanted = {secret for secret in secrets if len(secret) >= size}
+    if not wanted or len(text) < size:
+        return text
+    windows = {secret[i : i + size] for secret in wanted for i in range(len(secret) - size + 1)}
+    spans: list[list[int]] = []  # [start, end) of covered runs, in order
+    for start in range(len(text) - size + 1):
+        if text[start : start + size] not in windows:
+            continue
+        if spans and start <= spans[-1][1]:
+            spans[-1][1] = start + size
+        else:
+            spans.append([start, start + size])
+    if not spans:
+        return text
+    parts, last = [], 0
+    for start, end in spans:
+        parts += [text[last:start], REDACTED]
+        last = end
+    return "".join([*parts, text[last:]])

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 RUNTIME_MISMATCH = "Failed to initialize NVML: Driver/library version mismatch"
 RETRY_PAUSE = 1.0
 MAX_TRIES = 30
+MAX_WAIT = 300.0  # seconds: the longest Retry-After honoured
 HEARTBEAT_INTERVAL = 30.0  # until the API says otherwise
 WORK_POLL = 0.5  # seconds between reads of the assignment, at first
 MAX_WORK_POLL = 5.0  # ... doubling while none comes (a lease's busy node asks rarely)
@@ -72,8 +73,9 @@ async def register(api_url: str, token: str, capabilities: WorkerCapabilities) -
     """POST /v1/workers/register until accepted (the worker's credential) or refused for good
     (None).
 
-    Any 4xx is final (a bad, used or expired token, or a job that refused the node: 409);
-    5xx and connection errors are retried, as gpuprov.agent does.
+    Any 4xx but 429 is final (a bad, used or expired token, or a job that refused the node:
+    409); 5xx, 429 and connection errors are retried, never sooner than the answer's
+    Retry-After, as gpuprov.agent does: our own API's throttling is no failure of the node.
     """
     body = {"token": token, "capabilities": capabilities.model_dump(mode="json")}
     async with httpx.AsyncClient(base_url=api_url, timeout=30) as http:
@@ -85,11 +87,26 @@ async def register(api_url: str, token: str, capabilities: WorkerCapabilities) -
             else:
                 if response.status_code == 200:
                     return str(response.json()["credential"])
-                if response.status_code < 500:
+                if _final(response):
                     log.warning("fake agent: registration refused: %s", response.text)
                     return None
+                await asyncio.sleep(_pause(response))
+                continue
             await asyncio.sleep(RETRY_PAUSE)
     return None
+
+
+def _final(response: httpx.Response) -> bool:
+    """A refusal that asking again cannot change (a 4xx other than 429)."""
+    return response.status_code < 500 and response.status_code != 429
+
+
+def _pause(response: httpx.Response) -> float:
+    """Seconds before asking again: the answer's Retry-After where it names one."""
+    try:
+        return max(RETRY_PAUSE, min(float(response.headers.get("Retry-After", "")), MAX_WAIT))
+    except ValueError:
+        return RETRY_PAUSE
 
 
 class Watch:
@@ -161,8 +178,8 @@ async def run_work(api_url: str, credential: str, watch: Watch) -> None:
 
 async def _call(http: httpx.AsyncClient, method: str, path: str, body: Any = None, *,
                 retry: bool = True) -> Any:  # fmt: skip
-    """The answer's JSON ({} for 204), or the refusal's status code (a 4xx); a connection error
-    or 5xx is retried (or, without `retry`, None)."""
+    """The answer's JSON ({} for 204), or the refusal's status code (a 4xx); a connection error,
+    5xx or 429 is retried (or, without `retry`, None)."""
     while True:
         try:
             response = await http.request(method, path, json=body)
@@ -171,8 +188,11 @@ async def _call(http: httpx.AsyncClient, method: str, path: str, body: Any = Non
         else:
             if response.status_code < 300:
                 return response.json() if response.content else {}
-            if response.status_code < 500:
+            if _final(response):
                 return response.status_code
+            if retry:
+                await asyncio.sleep(_pause(response))
+                continue
         if not retry:
             return None
         await asyncio.sleep(RETRY_PAUSE)

@@ -10,12 +10,15 @@ import pytest
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
-from activities.cloud import CloudActivities, CreateInput, PlanInput
+from activities.cloud import CloudActivities, CreateInput, PlanInput, VmInput
 from activities.errors import MAX_MESSAGE_CHARS
+from activities.health import HealthActivities, HealthInput
 from activities.redaction import scrubbed, secrets_in_play
 from activities.ssh_keys import host_key_cloud_config
 from providers.base import (
     CloudProvider,
+    Diagnosis,
+    Finding,
     InstanceSpec,
     Location,
     NodeBootstrap,
@@ -127,3 +130,37 @@ def test_redact_replaces_longer_secrets_first_and_ignores_values_too_short_to_be
         f"{REDACTED} and {REDACTED}"
     )
     assert redact("a key k", ["k", ""]) == "a key k"
+
+
+def test_any_run_of_8_characters_of_a_secret_counts_as_the_secret() -> None:
+    assert redact(f"bad key {KEY[:20]}...", [KEY]) == f"bad key {REDACTED}..."
+    assert redact(f"[{KEY[3:11]}] [{KEY[:7]}]", [KEY]) == f"[{REDACTED}] [{KEY[:7]}]"
+    assert redact(f"{KEY[:9]}/{KEY[12:]}", [KEY]) == f"{REDACTED}/{REDACTED}"
+
+
+class Echoing(Stub):
+    """A provider whose successful answers carry its key: an instance's status message, a
+    diagnosis finding."""
+
+    async def observe(self, location: Location, vm: str) -> list[Observed]:
+        return [Observed(id="i-1", status="Running", message=f"booted with key {KEY[:12]}")]
+
+    async def diagnose(self, location: Location, vm: str, instance_id: str | None = None):
+        said = Finding(severity="warn", code="maintenance", message=f"token {KEY} expires")
+        return Diagnosis(instance=None, findings=[said])
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # not about the database
+async def test_what_observe_and_diagnose_answer_leaves_the_activity_scrubbed(records) -> None:
+    where = Location(provider="stub", region="r")
+    activities = CloudActivities({"stub": Echoing(ValueError())})
+    [running] = await ActivityEnvironment().run(
+        activities.wait_running, VmInput(location=where, vm="j-a1-n0-x")
+    )
+    assert running.message == f"booted with key {REDACTED}"
+    records.record_vm(
+        job="j", node_index=0, attempt=1, vm="j-a1-n0-x", provider="stub", region="r", zone=None
+    )
+    health = HealthActivities({"stub": Echoing(ValueError())}, records, keys=None)
+    report = await ActivityEnvironment().run(health.check_health, HealthInput(vm="j-a1-n0-x"))
+    assert [finding.message for finding in report.findings] == [f"token {REDACTED} expires"]

@@ -1,7 +1,8 @@
 """Who may call the control-plane API (gpuprov/auth.py), over HTTP in-process (httpx's ASGI
 transport) on SQLite and PostgreSQL: every endpoint declares its caller; operator endpoints want
 a live operator API key, worker endpoints a live worker credential; a refused call is 401 and
-changes nothing in the database; an address that keeps getting secrets wrong is throttled."""
+changes nothing in the database; an address (or a secret) that keeps getting refused is
+throttled, and a valid secret never is."""
 
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ async def register_worker(api: httpx.AsyncClient, records: Records, *, managed: 
 async def test_every_endpoint_declares_who_may_call_it(app: FastAPI, api: httpx.AsyncClient):
     operator = routes(app, auth.require_operator)
     worker = routes(app, auth.require_worker)
-    throttled = routes(app, auth.not_throttled)
+    throttled = routes(app, auth.guard)
     every = sorted(
         (method, route.path)
         for route in app.routes
@@ -148,18 +149,15 @@ def _bad_operator_headers(
 
 
 async def test_operator_endpoints_refuse_every_call_without_a_live_key_and_change_nothing(
-    app: FastAPI, api: httpx.AsyncClient, records: Records, credentials: Credentials
+    app: FastAPI, api: httpx.AsyncClient, records: Records, credentials: Credentials, clock: Clock
 ):
     registered = await register_worker(api, records, managed=False)
     cases = _bad_operator_headers(credentials, registered["credential"])
     before = snapshot(records)
-    calls = 0
     for method, path in routes(app, auth.require_operator):
         for case, headers in cases.items():
-            # Each call from its own address: this test is about refusals, not throttling.
-            calls += 1
-            async with client_for(app, (f"192.0.2.{calls}", 1)) as caller:
-                response = await caller.request(method, path, headers=headers)
+            clock.now += 60  # each call a window apart: this test is about refusals
+            response = await api.request(method, path, headers=headers)
             assert response.status_code == 401, (path, case, response.text)
             assert response.headers["www-authenticate"] == "Bearer", case
             assert "detail" in response.json()
@@ -231,41 +229,72 @@ async def test_a_worker_is_known_by_its_credential_until_its_machine_is_released
 # ---------------------------------------------------------------- throttling
 
 
-async def test_an_address_that_keeps_getting_keys_wrong_gets_429_with_retry_after(
+async def test_an_address_that_keeps_getting_keys_wrong_gets_429_and_a_good_key_still_passes(
     app: FastAPI, api: httpx.AsyncClient, records: Records, credentials: Credentials, clock: Clock
 ):
     _, key = credentials.create_operator_key("ops")
-    for _ in range(5):
-        assert (await api.get("/v1/workers", headers=bearer("nope"))).status_code == 401
+    worker = await register_worker(api, records, managed=False)
+    for attempt in range(5):
+        wrong = bearer(f"nope-{attempt}")
+        assert (await api.get("/v1/workers", headers=wrong)).status_code == 401
     clock.now += 10
 
     before = snapshot(records)
-    throttled = await api.get("/v1/workers", headers=bearer(key))  # even the right key
+    throttled = await api.get("/v1/workers", headers=bearer("nope-again"))
     assert throttled.status_code == 429
     assert throttled.headers["retry-after"] == "50"
     assert (await api.get("/v1/workers/me", headers=bearer("nope"))).status_code == 429
+    assert (await api.get("/v1/workers/me")).status_code == 429  # no credential at all
     assert snapshot(records) == before
 
+    # The address is throttled; the right key and a live worker credential are not.
+    assert (await api.get("/v1/workers", headers=bearer(key))).status_code == 200
+    me = await api.get("/v1/workers/me", headers=bearer(worker["credential"]))
+    assert me.status_code == 200, me.text
+    beat = await api.post(
+        "/v1/workers/heartbeat", json={"healthy": True}, headers=bearer(worker["credential"])
+    )
+    assert beat.status_code == 200, beat.text
+
     async with client_for(app, OTHER_CALLER) as other:  # another address is not held up
-        assert (await other.get("/v1/workers", headers=bearer(key))).status_code == 200
+        assert (await other.get("/v1/workers", headers=bearer("nope-0"))).status_code == 401
 
     clock.now += 50  # the window has passed
-    assert (await api.get("/v1/workers", headers=bearer(key))).status_code == 200
+    assert (await api.get("/v1/workers", headers=bearer("nope"))).status_code == 401
 
 
-async def test_bad_join_tokens_count_too_and_a_throttled_registration_spends_nothing(
+async def test_one_bad_secret_from_many_addresses_is_throttled_by_itself(
+    app: FastAPI, credentials: Credentials
+):
+    _, key = credentials.create_operator_key("ops")
+    stale = bearer(key[:-1] + ("A" if key[-1] != "A" else "B"))
+    for number in range(5):
+        async with client_for(app, (f"192.0.2.{number}", 40000)) as caller:
+            assert (await caller.get("/v1/workers", headers=stale)).status_code == 401
+    async with client_for(app, ("192.0.2.99", 40000)) as fresh:
+        assert (await fresh.get("/v1/workers", headers=stale)).status_code == 429
+        assert (await fresh.get("/v1/workers", headers=bearer("other"))).status_code == 401
+        assert (await fresh.get("/v1/workers", headers=bearer(key))).status_code == 200
+
+
+async def test_bad_join_tokens_throttle_only_bad_tokens_and_a_good_one_registers(
     api: httpx.AsyncClient, records: Records
 ):
     for attempt in range(5):
         refused = await api.post(REGISTER, json=body(f"not-a-real-token-{attempt:04d}"))
         assert refused.status_code == 401
-    token = records.mint_token(label=LABEL, ttl=TTL)
+    used = records.mint_token(label=LABEL, ttl=TTL)
+    assert (await api.post(REGISTER, json=body(used))).status_code == 200
     before = snapshot(records)
 
-    throttled = await api.post(REGISTER, json=body(token))
-
+    throttled = await api.post(REGISTER, json=body("not-a-real-token-again"))
     assert throttled.status_code == 429 and int(throttled.headers["retry-after"]) > 0
-    assert snapshot(records) == before  # the token is still unused
+    assert (await api.post(REGISTER, json=body(used))).status_code == 429  # used: bad too
+    assert snapshot(records) == before  # a throttled refusal writes nothing
+
+    token = records.mint_token(label=LABEL, ttl=TTL)
+    registered = await api.post(REGISTER, json=body(token))
+    assert registered.status_code == 200, registered.text
 
 
 async def test_good_calls_do_not_count_against_an_address(

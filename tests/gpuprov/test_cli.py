@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuprov.dev import free_port
 from gpuprov.engine import open_records
 from gpuprov.models import JobState, JobStatus
 from tests.helpers import fake_worker, fast_cloud
@@ -156,3 +157,42 @@ async def test_submit_wait_follows_a_job_that_runs_its_work_to_its_end(
         records.db.dispose()
     assert code == 0, (out, err)
     assert f"job {job_name}: completed" in out
+
+
+DATABASE_COMMANDS = [
+    ("workers",),
+    ("workers", "drain", "w-1"),
+    ("apikey", "list"),
+    ("token", "create", "--label", "box-1"),
+    ("cost",),
+    ("orphans",),
+    ("logs", "some-job"),
+]
+
+
+@pytest.mark.parametrize("args", DATABASE_COMMANDS, ids=[" ".join(a) for a in DATABASE_COMMANDS])
+async def test_a_command_whose_database_is_unreachable_says_so_in_one_line(args):
+    port = free_port()  # nothing listens there
+    env = {"GPUPROV_DATABASE__URL": f"postgresql://ops:hunter2-pass@127.0.0.1:{port}/gpuprov"}
+    code, out, err = await gpuprov(*args, env=env)
+    assert code == 2, (out, err)
+    [line] = err.strip().splitlines()
+    assert line.startswith(
+        f"error: cannot open the database postgresql://ops:***@127.0.0.1:{port}/gpuprov: "
+    ), line
+    assert "hunter2" not in out + err
+
+
+@pytest.mark.parametrize("follow", [False, True], ids=["once", "follow"])
+async def test_logs_of_no_such_job_is_an_error_naming_it(client, tmp_path, follow):
+    database_url = f"sqlite:///{tmp_path / 'gpuprov.db'}"
+    open_records(database_url).db.dispose()  # a database that holds no output at all
+    env = {
+        "GPUPROV_TEMPORAL__ADDRESS": client.service_client.config.target_host,
+        "GPUPROV_DATABASE__URL": database_url,
+    }
+    code, out, err = await gpuprov(
+        "logs", "no-such-job", *(["--follow"] if follow else []), env=env
+    )
+    assert (code, out) == (2, ""), err
+    assert err.strip() == "error: no job named 'no-such-job'"

@@ -400,3 +400,19 @@ def test_the_workers_read_the_ca_file_once_and_refuse_one_that_is_no_certificate
         node_ca_pem(str(pki.path("server.key")))
     with pytest.raises(SettingError, match=r"api.ca_file \(.*\): cannot read it"):
         node_ca_pem(str(tmp_path / "missing.pem"))
+
+
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [
+        ("ftp://x", "must be http:// or https://, not ftp scheme"),
+        ("cp.example:8080", "must be http:// or https://"),
+        ("https://", "names no host"),
+        ("http://ops:hunter2-pass@cp.example", "must not carry credentials"),
+    ],
+)
+def test_a_public_url_nodes_cannot_use_is_refused_naming_the_field(tmp_path, url, said):
+    error = config_error(write(tmp_path, f'[api]\npublic_url = "{url}"\n'))
+    assert error.startswith("invalid config: api.public_url: Value error, "), error
+    assert said in error
+    assert "hunter2" not in error

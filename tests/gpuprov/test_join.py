@@ -253,3 +253,21 @@ async def test_api_command_serves_registrations_until_sigterm(
     assert "stopped" in out.decode()
     assert [worker.label for worker in workers(records)] == ["gpu-box-3"]
     records.db.dispose()
+
+
+async def test_a_password_in_the_url_is_never_echoed_and_the_token_is_not_spent(
+    control_plane, tmp_path
+):
+    plane = control_plane
+    token = await create_token(plane, "gpu-box-1")
+    token_file = tmp_path / "join-token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    before = snapshot(plane.records.db)
+    url = f"http://ops:hunter2-pass@127.0.0.1:{plane.port}"
+    code, out, err = await gpuprov("join", "--url", url, "--token-file", str(token_file),
+                                   env=plane.env)  # fmt: skip
+    assert code == 2, (out, err)
+    assert "hunter2" not in out + err and "ops:" not in out + err
+    assert f"bad API URL 'http://***@127.0.0.1:{plane.port}'" in err
+    assert snapshot(plane.records.db) == before  # refused before anything was sent

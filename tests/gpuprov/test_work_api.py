@@ -230,6 +230,19 @@ async def test_the_log_cap_drops_the_oldest_output_with_a_note(
     assert (await api.get(f"/v1/jobs/{JOB}/logs", headers=nodes[0]["headers"])).status_code == 401
 
 
+async def test_a_log_cursor_past_any_chunks_id_is_422_naming_after(
+    api: httpx.AsyncClient, records: Records
+):
+    operator = bearer(Credentials(records.db).create_operator_key("ops")[1])
+    path = f"/v1/jobs/{JOB}/logs"
+    largest = await api.get(path, params={"after": 2**31 - 1}, headers=operator)
+    assert largest.json() == {"chunks": [], "next_after": 2**31 - 1}, largest.text
+    for after in (2**31, 2**63, 10**30):
+        refused = await api.get(path, params={"after": after}, headers=operator)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["detail"][0]["loc"] == ["query", "after"]
+
+
 async def test_output_any_database_can_store(
     api: httpx.AsyncClient, records: Records, nodes: list[dict]
 ):
