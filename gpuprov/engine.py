@@ -99,6 +99,9 @@ def metrics_runtime(settings: MetricsSettings) -> TemporalRuntime | None:
         raise ConfigError(f"metrics.bind {settings.bind!r}: {error}") from None
 
 
+HEARTBEAT_THROTTLE = timedelta(seconds=3)
+
+
 def build_worker(
     client: Client,
     task_queue: str,
@@ -152,6 +155,11 @@ def build_worker(
     )
     if not sandboxed:
         worker_options.setdefault("workflow_runner", UnsandboxedWorkflowRunner())
+    # The SDK holds an activity's beats back to one per 80% of its heartbeat timeout (8 s of
+    # the cloud steps' 10 s), which leaves a busy worker 2 s of slack before the server calls
+    # the step dead; sent as our Heartbeater beats (every third of the timeout), one late beat
+    # is not a timeout.
+    worker_options.setdefault("max_heartbeat_throttle_interval", HEARTBEAT_THROTTLE)
     return Worker(
         client,
         task_queue=task_queue,

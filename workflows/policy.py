@@ -126,6 +126,16 @@ FORWARD_RETRY = RetryPolicy(
     maximum_interval=timedelta(seconds=30),
     maximum_attempts=5,
 )
+# Heartbeating waits (for running, for registration, for a node's health, the bootstrap):
+# a heartbeat timeout is an attempt too, and an overloaded worker's late beats must not spend a
+# wait's attempts before its own deadline, which travels in the heartbeat details and bounds
+# every retry.
+WAIT_RETRY = RetryPolicy(
+    initial_interval=timedelta(seconds=1),
+    backoff_coefficient=2.0,
+    maximum_interval=timedelta(seconds=30),
+    maximum_attempts=12,
+)
 # Database steps ride out a short outage (about 5 minutes) before the job gives up.
 STORE_RETRY = RetryPolicy(
     initial_interval=timedelta(seconds=1),

@@ -117,21 +117,21 @@ STEPS: dict[Callable[..., Any], Step] = {
     CloudActivities.prepare: _cloud_call(Stage.ATTEMPT),
     CloudActivities.create: _cloud_call(Stage.ATTEMPT, wait_cancellation=True),
     CloudActivities.launch: _cloud_call(Stage.ATTEMPT, 2 * CLOUD_STEP, wait_cancellation=True),
-    CloudActivities.wait_running: Step(Stage.ATTEMPT, policy.FORWARD_RETRY, _boot, CALL_HEARTBEAT),
+    CloudActivities.wait_running: Step(Stage.ATTEMPT, policy.WAIT_RETRY, _boot, CALL_HEARTBEAT),
     CloudActivities.retire: Step(Stage.TEARDOWN, policy.TEARDOWN_RETRY, _retire, CALL_HEARTBEAT),
     # the node
     BootstrapActivities.bootstrap: Step(
-        Stage.ATTEMPT, policy.FORWARD_RETRY, _bootstrap, CALL_HEARTBEAT
+        Stage.ATTEMPT, policy.WAIT_RETRY, _bootstrap, CALL_HEARTBEAT
     ),
     RegistrationActivities.await_registrations: Step(
-        Stage.ATTEMPT, policy.FORWARD_RETRY, _boot, CALL_HEARTBEAT
+        Stage.ATTEMPT, policy.WAIT_RETRY, _boot, CALL_HEARTBEAT
     ),
     K3sActivities.setup_k3s: Step(Stage.ATTEMPT, policy.FORWARD_RETRY, K3S_STEP, K3S_HEARTBEAT),
     HealthActivities.check_health: Step(
-        Stage.ATTEMPT, policy.FORWARD_RETRY, HEALTH_STEP, CALL_HEARTBEAT
+        Stage.ATTEMPT, policy.WAIT_RETRY, HEALTH_STEP, CALL_HEARTBEAT
     ),
     HealthActivities.check_nodes: Step(
-        Stage.ATTEMPT, policy.FORWARD_RETRY, NODES_HEALTH_STEP, CALL_HEARTBEAT
+        Stage.ATTEMPT, policy.WAIT_RETRY, NODES_HEALTH_STEP, CALL_HEARTBEAT
     ),
     # the reconciler
     ReconcileActivities.reconcile_survey: Step(
