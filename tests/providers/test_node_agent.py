@@ -6,6 +6,7 @@ join.env, over plain HTTP or HTTPS with a private CA the node pins."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import json
 import random
@@ -203,6 +204,35 @@ def test_the_shipped_agent_leaves_out_signature_annotations_line_for_line():
     agent = node_agent.agent_source().decode()
     assert agent.count("\n") == AGENT_FILE.read_text().count("\n")  # every line where it was
     assert not re.search(r"^\s*def .*->", agent, re.M)
+
+
+def test_the_shipped_agent_is_indented_narrower_line_for_line_and_parses_the_same():
+    source = (
+        "def f(a):\n"
+        "    if a:\n"
+        "        text = '''\n"
+        "        kept\n"
+        "    as written'''\n"
+        "        return (text,\n"
+        "                a)\n"
+        "    return None\n"
+    )
+    assert node_agent.narrower(source).decode().splitlines() == [
+        "def f(a):",
+        " if a:",
+        "  text = '''",
+        "        kept",  # inside the string: as it was
+        "    as written'''",
+        "  return (text,",
+        "a)",  # continues a bracket: at the margin
+        " return None",
+    ]
+    wide = node_agent.without_signature_annotations(
+        node_agent.without_prose(AGENT_FILE.read_text()).decode()
+    )
+    shipped = node_agent.agent_source()
+    assert ast.dump(ast.parse(shipped)) == ast.dump(ast.parse(wide))  # the same program
+    assert shipped.count(b"\n") == wide.count(b"\n") and len(shipped) < 0.95 * len(wide)
 
 
 def test_a_url_systemd_would_expand_reaches_the_agent_unchanged():
