@@ -1,9 +1,9 @@
 """The node agent on a machine that boots with cloud-init: the files it needs, where they go, the
 SHA-256 the agent is pinned to, and the systemd unit that runs it.
 
-The agent is gpuprov/agent.py with its prose blanked out, its signatures' annotations left out
-and one space a level of indentation instead of four (`agent_source`), line for line: one
-standard-library file, no secret in it. The
+The agent is gpuprov/agent.py with its prose blanked out (comments, docstrings, its command
+line's help texts), its signatures' annotations left out and one space a level of indentation
+instead of four (`agent_source`), line for line: one standard-library file, no secret in it. The
 create call's user data (providers/userdata.py) installs, through cloud-init's write_files:
 
     /usr/local/lib/gpuprov/agent.py            0644  the agent, its comments and docstrings
@@ -52,16 +52,17 @@ EXIT_REFUSED = 2  # gpuprov/agent.py: an error that retrying cannot fix
 
 @functools.cache
 def agent_source() -> bytes:
-    """The node agent as this worker ships it to a node: gpuprov/agent.py with its comments and
-    docstrings blanked out, its functions' annotations left out and its indentation narrowed,
-    line for line (so a traceback's line numbers still match the repository's file). EC2 takes
-    16 KB of user data, compressed or not; the agent's prose is a third of its size, its
-    signatures' annotations (never evaluated: `from __future__ import annotations`) a
-    thirtieth, and three of every four spaces of indentation a fortieth of it compressed. The
-    code the node runs is the same."""
+    """The node agent as this worker ships it to a node: gpuprov/agent.py with its comments,
+    docstrings and help texts blanked out, its functions' annotations left out and its
+    indentation narrowed, line for line (so a traceback's line numbers still match the
+    repository's file). EC2 takes 16 KB of user data, compressed or not; the agent's prose is
+    a third of its size, its signatures' annotations (never evaluated: `from __future__ import
+    annotations`) a thirtieth; compressed, its help texts and three of every four spaces of
+    indentation take 300 and 400 bytes. The code the node runs is the same, but for what
+    `--help` says."""
     source = resources.files("gpuprov").joinpath("agent.py").read_text("utf-8")
     shipped = without_signature_annotations(without_prose(source).decode("utf-8"))
-    return narrower(shipped.decode("utf-8"))
+    return narrower(without_help(shipped.decode("utf-8")).decode("utf-8"))
 
 
 def without_prose(source: str) -> bytes:
@@ -126,6 +127,26 @@ def without_signature_annotations(source: str) -> bytes:
     for index, start, end in sorted(spans, reverse=True):
         lines[index] = lines[index][:start] + lines[index][end:]
     return b"".join(lines)
+
+
+def without_help(source: str) -> bytes:
+    """`source` with every one-line `help=` and `description=` text of its calls (argparse's)
+    blanked to "": the node's `agent.py --help` lists the commands and options without what
+    they do (the repository's file has it). argparse.SUPPRESS, a name, is kept."""
+    lines = [line.encode("utf-8") for line in source.splitlines(keepends=True)]
+    spans: list[tuple[int, int, int]] = []  # (line, start, end), in UTF-8 bytes as ast counts
+    for node in ast.walk(ast.parse(source)):
+        for keyword in node.keywords if isinstance(node, ast.Call) else ():
+            text, end = keyword.value, keyword.value.end_col_offset
+            prose = keyword.arg in ("help", "description") and isinstance(text, _TEXT)
+            if prose and text.lineno == text.end_lineno and end is not None:
+                spans.append((text.lineno - 1, text.col_offset, end))
+    for index, start, end in sorted(spans, reverse=True):
+        lines[index] = lines[index][:start] + b'""' + lines[index][end:]
+    return b"".join(lines)
+
+
+_TEXT = (ast.Constant, ast.JoinedStr)
 
 
 def narrower(source: str) -> bytes:

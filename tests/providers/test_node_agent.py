@@ -12,6 +12,8 @@ import json
 import random
 import re
 import string
+import subprocess
+import sys
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -227,12 +229,35 @@ def test_the_shipped_agent_is_indented_narrower_line_for_line_and_parses_the_sam
         "a)",  # continues a bracket: at the margin
         " return None",
     ]
-    wide = node_agent.without_signature_annotations(
-        node_agent.without_prose(AGENT_FILE.read_text()).decode()
+    wide = node_agent.without_help(
+        node_agent.without_signature_annotations(
+            node_agent.without_prose(AGENT_FILE.read_text()).decode()
+        ).decode()
     )
     shipped = node_agent.agent_source()
     assert ast.dump(ast.parse(shipped)) == ast.dump(ast.parse(wide))  # the same program
     assert shipped.count(b"\n") == wide.count(b"\n") and len(shipped) < 0.95 * len(wide)
+
+
+def test_the_shipped_agent_s_help_lists_its_options_without_their_texts(tmp_path: Path):
+    source = (
+        "import argparse\n"
+        "p = argparse.ArgumentParser(description='what it is')\n"
+        "p.add_argument('--a', help=f'an {1} option')\n"
+        "p.add_argument('--b', help=argparse.SUPPRESS)\n"
+    )
+    assert node_agent.without_help(source).decode().splitlines()[1:] == [
+        'p = argparse.ArgumentParser(description="")',
+        "p.add_argument('--a', help=\"\")",
+        "p.add_argument('--b', help=argparse.SUPPRESS)",
+    ]
+    shipped = tmp_path / "agent.py"
+    shipped.write_bytes(node_agent.agent_source())
+    shown = subprocess.run(
+        [sys.executable, "-I", "-S", str(shipped), "run", "--help"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert "--token-file" in shown.stdout and "file with the token" not in shown.stdout
 
 
 def test_a_url_systemd_would_expand_reaches_the_agent_unchanged():
