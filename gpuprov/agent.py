@@ -22,16 +22,27 @@ when a heartbeat's answer names one), keeps it in <state dir>/work/<id>/ (0600 f
 directory) before it reports the start (POST .../started; a refusal means it never starts),
 then starts `agent.py supervise` in a session of its own: the leader of the work's process
 group, which runs `setup` then `run` with `/bin/sh -c`, their output appended to files beside
-the assignment, and writes the exit status last. The environment is the agent's own basics
-(PATH, HOME, the locale, ...; never its credential or a token) plus the assignment's env. The
-output goes to the API in chunks (POST .../logs, at most 32 KiB a chunk, every second; each
-chunk is recorded before it is sent, so a resend after a restart repeats its seq and the API
-keeps one); the end (POST .../exit: the code, negative for a signal, and the last lines) once
-all of it is through. A stop (the heartbeat's answer, or the assignment read again) is SIGTERM
-to the process group, the grace period the assignment names, then SIGKILL. A restarted agent
-finds the work in its state dir and follows it again (it outlives the agent: its own session,
-and the systemd unit's KillMode=process), never starting it twice; a report the control plane
-does not take is retried until it does, and the work goes on meanwhile.
+the assignment, and writes the exit status last. The supervisor first moves into the work's
+cgroup: a cgroup v2 directory gpuprov-<id> the agent makes under its own (the systemd unit's,
+with Delegate=yes), where it can. The environment is the agent's own basics (PATH, HOME, the
+locale, ...; never its credential or a token) plus the assignment's env and the work's mark,
+GPUPROV_WORK_ID=<id>. The output goes to the API in chunks (POST .../logs, at most 32 KiB a
+chunk, every second; each chunk is recorded before it is sent, so a resend after a restart
+repeats its seq and the API keeps one); the end (POST .../exit: the code, negative for a
+signal, and the last lines) once all of it is through. The work's end is its main process's
+(the supervisor's): whatever it leaves running is killed then, before the end is reported and
+its directory removed, in whatever session or process group it moved to (`setsid`, a double
+fork): the process group, everything in its cgroup (frozen, then cgroup.kill) and every process
+whose environment carries its mark, round after round until none is left. Where no cgroup can
+be made (cgroup v1 alone, a read-only cgroup filesystem, a cgroup not delegated to the agent's
+user) the group and the mark find them, and a process that drops the mark from its environment
+and leaves the group escapes. A stop (the heartbeat's answer, or the assignment read again) is
+SIGTERM to the process group, the grace period the assignment names, then SIGKILL to all of
+the work. A restarted agent finds the work in its state dir and follows it again (it outlives
+the agent: its own session and cgroup, and the systemd unit's KillMode=process), never starting
+it twice; a report the control plane does not take is retried until it does, and the work goes
+on meanwhile. The work runs as the agent's user: the directory keeps other users out, not the
+work itself.
 
 Registration exchanges the join token for this worker's credential, which the agent keeps in
 <state dir>/worker-credential (mode 0600, in a 0700 directory): never on a command line, in
@@ -1135,6 +1146,8 @@ WORK_SUBDIR = "work"  # <state dir>/work/<work id>/, removed once the end is rep
 ASSIGNMENT_FILE = "assignment.json"  # written before the start is reported
 SPAWNING_FILE = "spawning"  # written just before the supervisor starts: never started again
 PID_FILE = "pid"  # the supervisor's, which is the work's process group
+CGROUP_FILE = "cgroup"  # the work's own cgroup v2 directory ("" where none could be made)
+WORK_MARK = "GPUPROV_WORK_ID"  # in the work's environment: its processes found by it in /proc
 EXIT_FILE = "exit.json"  # the supervisor's last word: {"code", "phase"}
 CURSOR_FILE = "shipped.json"  # how far the output was sent, and the chunk being sent
 STREAMS = ("stdout", "stderr")  # and the files in the directory the work's output goes to
@@ -1158,11 +1171,62 @@ def _write_json(path: str, value: object) -> None:
     os.replace(part, path)
 
 
+def _put(path: str, text: str, new: int = 0) -> None:
+    """`text` written to `path` (`new`: os.O_CREAT, a 0600 file) where that can be; a cgroup's
+    file that is not there is never created in its place."""
+    flags = os.O_WRONLY | new
+    with contextlib.suppress(OSError), os.fdopen(os.open(path, flags, 0o600), "w") as handle:
+        handle.write(text)
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, errors="replace") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def new_cgroup(name: str) -> str:
+    """A cgroup v2 directory `name` under the agent's own, for one work; "" where there is no
+    cgroup v2 the agent may write (cgroup v1 alone, a cgroup not delegated to its user): the
+    work's processes are then found by its mark alone."""
+    own = re.findall(r"^0::(/\S*)", _read("/proc/self/cgroup"), re.M)
+    for mount in _read("/proc/mounts").splitlines():
+        if own and " cgroup2 " in mount:
+            path = mount.split()[1] + own[0].rstrip("/") + "/" + name
+            with contextlib.suppress(OSError):
+                os.mkdir(path)
+                return path
+    return ""
+
+
+def sweep(mark: str, cgroup: str = "") -> None:
+    """Every process of one work killed, whatever session or group it moved to (`setsid`, a
+    double fork): those in its cgroup (frozen, then cgroup.kill where the kernel has it) and
+    those whose environment carries its mark, round after round until none is left (one forked
+    meanwhile is caught next round); then its cgroup is removed. /proc/self never carries a
+    work's mark: the agent's own environment has none."""
+    tag = f"\0{WORK_MARK}={mark}\0"
+    _put(cgroup + "/cgroup.freeze", "1")  # frozen, nothing forks meanwhile
+    _put(cgroup + "/cgroup.kill", "1")  # from Linux 5.14; before it, each pid below
+    for _ in range(99):
+        pids = _read(cgroup + "/cgroup.procs").split()
+        pids += [pid for pid in os.listdir("/proc") if tag in "\0" + _read(f"/proc/{pid}/environ")]
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), signal.SIGKILL)
+        if not pids:
+            break
+        time.sleep(0.1)
+    with contextlib.suppress(OSError):
+        os.rmdir(cgroup)
+
+
 def _read_json(path: str) -> dict | None:
     try:
-        with open(path) as handle:
-            value = json.load(handle)
-    except (OSError, ValueError):
+        value = json.loads(_read(path))
+    except ValueError:
         return None
     return value if isinstance(value, dict) else None
 
@@ -1183,7 +1247,9 @@ def supervise(work_dir: str) -> int:
     work's process group. setup, then run, each `/bin/sh -c` (a non-login shell), their output
     appended to DIR/stdout and DIR/stderr, and the exit status written last, so an agent
     restarted meanwhile learns how the work ended. A stop (SIGTERM to the group) reaches the
-    shells, and no phase starts after it."""
+    shells, and no phase starts after it. It first moves into the work's cgroup, so that all
+    the work starts is in it."""
+    _put(_read(os.path.join(work_dir, CGROUP_FILE)) + "/cgroup.procs", str(os.getpid()))
     stops: list = []
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, lambda number, frame: stops.append(number))
@@ -1212,7 +1278,7 @@ def _complete_utf8(data: bytes) -> int:
 
 
 class Work:
-    """One assignment on this node: its directory, its process group, its output.
+    """One assignment on this node: its directory, its process group and cgroup, its output.
 
     The output is sent in order per stream, a chunk per call, taking turns between the two.
     The chunk about to be sent is recorded first (shipped.json), so an agent restarted
@@ -1227,22 +1293,23 @@ class Work:
         self.stopping = self.killed = False
         self.cursor = _read_json(self.file(CURSOR_FILE)) or {"seq": 0, "stdout": 0, "stderr": 0}
         self.tail = ""
-        try:
-            with open(self.file(PID_FILE)) as handle:
-                self.pgid: int | None = int(handle.read())
-        except (OSError, ValueError):
-            self.pgid = None
+        self.cgroup = _read(self.file(CGROUP_FILE))
+        self.pgid: int | None = int(_read(self.file(PID_FILE)) or 0) or None
 
     def file(self, name: str) -> str:
         return os.path.join(self.directory, name)
 
     def spawn(self) -> None:
-        """The supervisor, leading a new session (so a process group of its own), with the
-        work's environment; noted before (spawning) and after (pid)."""
-        open(self.file(SPAWNING_FILE), "w").close()
+        """The supervisor, leading a new session (so a process group of its own) in a cgroup of
+        its own, with the work's environment and mark; noted before (spawning) and after
+        (pid)."""
+        _put(self.file(SPAWNING_FILE), "", os.O_CREAT)
         self.spawned = True
-        env = work_env(self.assignment["command"].get("env") or {})
+        self.cgroup = new_cgroup("gpuprov-" + self.id)
+        _put(self.file(CGROUP_FILE), self.cgroup, os.O_CREAT)
+        env = work_env({**(self.assignment["command"].get("env") or {}), WORK_MARK: self.id})
         argv = [sys.executable or "python3", "-I", "-S", os.path.abspath(__file__), "supervise"]
+        _put(self.file("supervisor.log"), "", os.O_CREAT)  # 0600 before it is opened
         with open(self.file("supervisor.log"), "ab") as output:
             self.process = subprocess.Popen(
                 [*argv, self.directory], stdin=subprocess.DEVNULL, stdout=output,
@@ -1250,8 +1317,7 @@ class Work:
                 env=env, start_new_session=True,
             )  # fmt: skip
         self.pgid = self.process.pid
-        with open(self.file(PID_FILE), "w") as handle:
-            handle.write(str(self.pgid))
+        _put(self.file(PID_FILE), str(self.pgid), os.O_CREAT)
 
     def running(self) -> bool:
         if self.process is not None:
@@ -1265,6 +1331,11 @@ class Work:
         except PermissionError:
             pass
         return True
+
+    def end(self) -> None:
+        """Every process the work started killed: its group, its cgroup, its mark."""
+        self.signal(signal.SIGKILL)
+        sweep(self.id, self.cgroup)
 
     def signal(self, signum: int) -> None:
         if self.pgid is not None:
@@ -1285,7 +1356,7 @@ class Work:
     def _kill(self) -> None:
         if self.running():
             log.warning("work %s: still running after %gs: SIGKILL", self.id, self.grace)
-            self.signal(signal.SIGKILL)
+            self.end()
             self.killed = True
 
     def outcome(self) -> tuple:
@@ -1386,6 +1457,7 @@ class WorkRunner:
             deadline = time.monotonic() + work.grace + 5
             while work.running() and time.monotonic() < deadline:
                 time.sleep(0.2)
+            work.end()
 
     def _step(self) -> None:
         work = self.work = self.work or self._unfinished()
@@ -1452,7 +1524,7 @@ class WorkRunner:
             chunk = work.next_chunk(final)
 
     def _finish(self, work: Work) -> None:
-        work.signal(signal.SIGKILL)  # what the work left in the background ends with it
+        work.end()  # what the work left behind ends with it, before anyone hears of the end
         self._ship(work, final=True)
         code, note = work.outcome()
         log.info("work %s: ended with %s", work.id, code)

@@ -81,6 +81,8 @@ def unit_text(command: list[str]) -> str:
         "RestartPreventExitStatus=2\n"
         "# A job's work outlives a restart of the agent, which then follows it again.\n"
         "KillMode=process\n"
+        "# The agent runs each work in a cgroup of its own below the unit's, killed at its end.\n"
+        "Delegate=yes\n"
         "\n"
         "[Install]\n"
         "WantedBy=multi-user.target\n"

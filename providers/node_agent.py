@@ -23,6 +23,7 @@ after every reboot:
                   after the agent's exit 2 (refused for good: a used or expired token)
     KillMode      process: the job's work, which the agent starts, outlives a restart of the
                   agent, which then follows it again
+    Delegate      yes: the agent runs each work in a cgroup of its own below the unit's
 
 `-I -S`: the system interpreter, isolated from PYTHON* variables, the user's site directory
 and site-packages; the agent needs nothing but the standard library. The join token is read
@@ -212,6 +213,9 @@ def unit(api_url: str, ca: bool) -> str:
             # The job's work runs in a process group of its own under the agent: a restarted
             # agent follows it again, so stopping the agent must not end it.
             "KillMode=process",
+            # The agent runs each work in a cgroup of its own under the unit's, and kills all
+            # of it at the work's end: systemd leaves the subtree to it.
+            "Delegate=yes",
             "UMask=0077",
             "",
             "[Install]",

@@ -199,12 +199,16 @@ class Node:
         return groups
 
     def kill(self) -> None:
-        """The machine is gone: every process of its agent's group and its work's, at once."""
+        """The machine is gone: every process of its agent's group and its work's, at once, and
+        then whatever the work left in a session of its own (its cgroup, its mark)."""
         for group in [self.process.pid, *self.work_groups()]:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=10)
+        for work in (self.state_dir / agent.WORK_SUBDIR).glob("*/"):
+            cgroup = work / agent.CGROUP_FILE
+            agent.sweep(work.name, cgroup.read_text() if cgroup.exists() else "")
 
 
 def boot(

@@ -28,6 +28,7 @@ def test_the_unit_runs_the_agent_from_its_kept_credential_and_stays_down_once_re
         "--ca-file", "/ca.pem",
     ]  # fmt: skip
     assert "Restart=on-failure" in unit and "RestartPreventExitStatus=2" in unit
+    assert "KillMode=process" in unit and "Delegate=yes" in unit  # the work's cgroup below it
     assert "WantedBy=multi-user.target" in unit and "--token" not in unit
 
 

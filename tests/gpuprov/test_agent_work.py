@@ -127,7 +127,14 @@ async def test_setup_then_run_their_output_in_order_and_the_end_with_its_last_li
         env = dict(text.split("=", 1) for text in stdout[3:] if "=" in text)
         assert env["GREETING"] == "hi" and env["GPUPROV_NODE_RANK"] == "0"
         shell_own = {"PWD", "OLDPWD", "SHLVL", "_", "LC_CTYPE"}  # LC_CTYPE: PEP 538
-        assert set(env) - shell_own == {"PATH", "HOME", "GPUPROV_NODE_RANK", "GREETING"}
+        assert set(env) - shell_own == {
+            "PATH",
+            "HOME",
+            "GPUPROV_NODE_RANK",
+            "GREETING",
+            agent.WORK_MARK,
+        }
+        assert env[agent.WORK_MARK] == work_id  # how its processes are found without a cgroup
         assert credential not in json.dumps(lines)
         # The agent reports the end first and then removes the directory (a crash between
         # the two re-reports it), so the removal follows the row by a moment.

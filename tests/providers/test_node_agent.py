@@ -167,6 +167,7 @@ def test_cloud_init_writes_the_join_env_root_only_and_the_unit_runs_the_daemon(t
     assert "Restart=on-failure" in unit and "WantedBy=multi-user.target" in unit
     assert "RestartPreventExitStatus=2" in unit  # the agent's "refused for good"
     assert "KillMode=process" in unit  # a restart of the agent leaves the job's work running
+    assert "Delegate=yes" in unit  # each work's cgroup is the agent's to make below the unit's
 
 
 def test_the_shipped_agent_leaves_out_signature_annotations_line_for_line():
