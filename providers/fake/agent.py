@@ -5,10 +5,14 @@ API answers, until the credential is refused or the instance is deleted (the tas
 
 It runs the node's work too (`run_work`), for real, the way the agent does: the assignment read
 with the credential (GET /v1/work), its start reported, `setup` then `run` each with `/bin/sh -c`
-in a process group of its own on this machine, the assignment's env added to a bare one, the
-output sent in chunks, a stop honoured (SIGTERM, the grace period, SIGKILL), the end reported
-with the last lines. What it leaves out is surviving its own end: it lives in the worker's
-process, so a killed worker ends its nodes' work with it, and a deleted instance kills its work.
+in a process group of its own on this machine, the assignment's env added to a bare one (and
+the work's mark, GPUPROV_WORK_ID), the output sent in chunks, a stop honoured (SIGTERM, the
+grace period, SIGKILL), the end reported with the last lines. The end is the end of the main
+process (setup, then run), not of its output: what it left running, in whatever session, is
+killed then, found by the mark (gpuprov.agent.sweep), and output still held open by something
+that escaped it is not waited for. What it leaves out is surviving its own end: it lives in the
+worker's process, so a killed worker ends its nodes' work with it, and a deleted instance kills
+its work.
 `[providers.fake] run_work = false` leaves the work rows to a test that plays the nodes itself.
 """
 
@@ -25,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from gpuprov.agent import WORK_MARK, sweep
 from gpuprov.models import GpuInfo, WorkerCapabilities
 from providers.fake.config import FakeInstanceType
 
@@ -38,6 +43,8 @@ HEARTBEAT_INTERVAL = 30.0  # until the API says otherwise
 WORK_POLL = 0.5  # seconds between reads of the assignment, at first
 MAX_WORK_POLL = 5.0  # ... doubling while none comes (a lease's busy node asks rarely)
 TAIL_CHARS = 4000
+DRAIN_SECONDS = 0.5  # once the main process has ended: how long its output may still arrive
+EXIT_POLL = 0.05  # seconds between looks at whether the main process has exited
 # What the simulated agent reports once a GPU fault shows (the real agent's words for them).
 GPU_FAULT_DETAILS = {
     "gpu_lost": "GPU 0000:A8:00.0 is lost (fallen off the bus, Xid 79)",
@@ -204,20 +211,25 @@ async def _execute(http: httpx.AsyncClient, assignment: dict[str, Any]) -> None:
         return  # refused: stopped or given up before it started
     command = assignment["command"]
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **command.get("env", {})}
+    env[WORK_MARK] = assignment["id"]
     output = _Output(http, work)
     code = 0
-    for script in (command.get("setup"), command.get("run")):
-        if script and code == 0:
-            process = await asyncio.create_subprocess_exec(
-                "/bin/sh", "-c", script, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
-                start_new_session=True,
-            )  # fmt: skip
-            try:
+    groups: list[int] = []
+    try:
+        for script in (command.get("setup"), command.get("run")):
+            if script and code == 0:
+                process = await asyncio.create_subprocess_exec(
+                    "/bin/sh", "-c", script, stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+                    start_new_session=True,
+                )  # fmt: skip
+                groups.append(process.pid)
                 code = await _follow(http, assignment, process, output)
-            finally:  # cancelled: the machine is gone, and its work with it
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
+    finally:  # the work's end, or cancelled (the machine is gone): all it started dies with it
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(group, signal.SIGKILL)
+        await asyncio.to_thread(sweep, assignment["id"])
     await output.flush()
     await _call(http, "POST", f"{work}/exit", {"code": code, "tail": output.tail})
 
@@ -228,33 +240,51 @@ async def _follow(
     process: asyncio.subprocess.Process,
     output: _Output,
 ) -> int:
-    """Until the process ends: its output sent, and a stop asked for honoured."""
+    """Until the main process has exited: its output sent, and a stop asked for honoured. Its
+    exit is its returncode, set as it is reaped: process.wait() also waits for its pipes to
+    close, which a background process it left may never do. Then what it wrote is read for
+    DRAIN_SECONDS at most."""
     readers = [
         asyncio.create_task(output.read(process.stdout, "stdout")),
         asyncio.create_task(output.read(process.stderr, "stderr")),
     ]
-    ended = asyncio.create_task(process.wait())
     stopping_since: float | None = None
     loop = asyncio.get_running_loop()
-    while not ended.done():
-        await asyncio.wait([ended], timeout=WORK_POLL)
-        if ended.done():
-            break
-        await output.flush()
-        current = await _call(http, "GET", "/v1/work", retry=False)
-        stop = current == {} or (
-            isinstance(current, dict)
-            and (current.get("id") != assignment["id"] or current["state"] == "stop_requested")
-        )
-        grace = float(assignment.get("stop_grace_seconds", 30))
-        with contextlib.suppress(ProcessLookupError):
-            if stop and stopping_since is None:
-                stopping_since = loop.time()
-                os.killpg(process.pid, signal.SIGTERM)
-            if stopping_since is not None and loop.time() - stopping_since > grace:
-                os.killpg(process.pid, signal.SIGKILL)
-    await asyncio.gather(*readers)
-    return ended.result()
+    look_at = loop.time() + WORK_POLL
+    while process.returncode is None:
+        await asyncio.sleep(EXIT_POLL)
+        if process.returncode is None and loop.time() >= look_at:
+            look_at = loop.time() + WORK_POLL
+            await output.flush()
+            stopping_since = await _honour_stop(http, assignment, process, stopping_since)
+    _, unfinished = await asyncio.wait(readers, timeout=DRAIN_SECONDS)
+    for reader in unfinished:
+        reader.cancel()
+    return process.returncode
+
+
+async def _honour_stop(
+    http: httpx.AsyncClient,
+    assignment: dict[str, Any],
+    process: asyncio.subprocess.Process,
+    stopping_since: float | None,
+) -> float | None:
+    """Read the assignment again: asked to stop (or given up), SIGTERM, then SIGKILL once the
+    grace period has passed. When the stop began (None: not stopping)."""
+    current = await _call(http, "GET", "/v1/work", retry=False)
+    stop = current == {} or (
+        isinstance(current, dict)
+        and (current.get("id") != assignment["id"] or current["state"] == "stop_requested")
+    )
+    grace = float(assignment.get("stop_grace_seconds", 30))
+    now = asyncio.get_running_loop().time()
+    with contextlib.suppress(ProcessLookupError):
+        if stop and stopping_since is None:
+            stopping_since = now
+            os.killpg(process.pid, signal.SIGTERM)
+        if stopping_since is not None and now - stopping_since > grace:
+            os.killpg(process.pid, signal.SIGKILL)
+    return stopping_since
 
 
 class _Output:
