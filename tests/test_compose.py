@@ -180,7 +180,9 @@ def test_gpuprov_variables_named_by_interpolation_are_settings_too() -> None:
     names = {m["name"] for m in INTERPOLATION.finditer(text) if m["name"].startswith(ENV_PREFIX)}
     assert names  # GPUPROV_API__PUBLIC_URL at least
     for variable in names:
-        load_settings(env={variable: "x"})
+        # A value each setting accepts: a URL where one is asked for (public_url must be http(s)).
+        value = "http://x" if variable.endswith("_URL") else "x"
+        load_settings(env={variable: value})
 
 
 @pytest.mark.parametrize("name", BUILT)
