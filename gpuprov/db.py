@@ -95,6 +95,16 @@ def _with_default(column_type: Any, default: Any, server_default: Any) -> Any:
     return Field(default=default, sa_column=column)
 
 
+# The run of its job a row belongs to: the job's run tag (workflows/attempt.py `vm_run_tag`,
+# also the end of its VM identities). "" for a row written before runs were recorded, whose
+# run could not be told from its VM identity (gpuprov/runs.py).
+NO_RUN = ""
+
+
+def _run() -> Any:
+    return _with_default(sa.String(), NO_RUN, NO_RUN)
+
+
 class Table(SQLModel, registry=registry(metadata=sa.MetaData(naming_convention=_NAMING))):
     """Base of gpuprov's tables: its own registry, so `metadata` holds exactly our tables."""
 
@@ -113,6 +123,7 @@ class VmRecord(Table, table=True):
 
     id: str = Field(default_factory=new_id, primary_key=True)
     job: str
+    run: str = _run()
     node_index: int
     attempt: int
     vm: str  # the VM identity, e.g. "train-a1-n0"; clouds see it as the label gpuprov-<vm>
@@ -194,6 +205,7 @@ class CostRecord(Table, table=True):
 
     id: str = Field(default_factory=new_id, primary_key=True)
     job: str
+    run: str = _run()
     kind: str  # COST_KINDS
     amount: float
     currency: str
@@ -241,6 +253,7 @@ class WorkerRecord(Table, table=True):
     capabilities: dict[str, Any] = _json()
     state: str  # WORKER_STATES
     job: str | None = None
+    run: str = _run()  # the run of `job` that reserved it, or that its machine was made for
     registered_at: datetime = _time()
     updated_at: datetime = _time()
     # Liveness (gpuprov/liveness.py): the registration is the first sign of life, then each
@@ -288,18 +301,22 @@ class OperatorKey(Table, table=True):
 
 
 class WorkRecord(Table, table=True):
-    """One node's part of a job's run: what to execute, and how it went. `epoch` counts the
-    job's restarts (0 first); a new epoch's rows are written only after the old attempt's
+    """One node's part of a job's run: what to execute, and how it went. `run` is the job's
+    run (a name submitted again starts a new one, with rows of its own); `epoch` counts the
+    run's restarts (0 first); a new epoch's rows are written only after the old attempt's
     workers were revoked, so two epochs never run at once."""
 
     __tablename__ = "work"
     __table_args__ = (
-        sa.UniqueConstraint("job", "epoch", "node_rank", name="uq_work_job_epoch_node_rank"),
+        sa.UniqueConstraint(
+            "job", "run", "epoch", "node_rank", name="uq_work_job_run_epoch_node_rank"
+        ),
         sa.Index("ix_work_worker_id", "worker_id"),
     )
 
     id: str = Field(default_factory=new_id, primary_key=True)
     job: str
+    run: str = _run()
     epoch: int
     node_rank: int
     worker_id: str
@@ -315,17 +332,18 @@ class WorkRecord(Table, table=True):
 
 
 class LogChunk(Table, table=True):
-    """A piece of a node's output, in order per (job, epoch, node_rank) by `seq`; a job's
+    """A piece of a node's output, in order per (job, run, epoch, node_rank) by `seq`; a run's
     chunks are capped in bytes (oldest dropped, with a `gpuprov` note saying so)."""
 
     __tablename__ = "log_chunks"
     __table_args__ = (
         sa.UniqueConstraint("work_id", "seq", name="uq_log_chunks_work_id_seq"),
-        sa.Index("ix_log_chunks_job", "job", "id"),
+        sa.Index("ix_log_chunks_job_run", "job", "run", "id"),
     )
 
     id: int | None = Field(default=None, primary_key=True)
     job: str
+    run: str = _run()
     work_id: str
     epoch: int
     node_rank: int
@@ -337,14 +355,28 @@ class LogChunk(Table, table=True):
 
 
 class LogUsage(Table, table=True):
-    """A job's log bytes: kept in log_chunks, and dropped by the cap (oldest first)."""
+    """A job run's log bytes: kept in log_chunks, and dropped by the cap (oldest first)."""
 
     __tablename__ = "log_usage"
 
     job: str = Field(primary_key=True)
+    run: str = Field(
+        default=NO_RUN, sa_column=sa.Column(sa.String(), primary_key=True, server_default=NO_RUN)
+    )
     kept_bytes: int = Field(sa_column=sa.Column(sa.BigInteger(), nullable=False))
     dropped_bytes: int = Field(sa_column=sa.Column(sa.BigInteger(), nullable=False))
     updated_at: datetime = _time()
+
+
+class JobRun(Table, table=True):
+    """A run of a job: recorded by its first write, so the newest is the name's latest run
+    (one run of a name is open at a time: Temporal refuses a second workflow `job-<name>`)."""
+
+    __tablename__ = "job_runs"
+
+    job: str = Field(primary_key=True)
+    run: str = Field(primary_key=True)
+    created_at: datetime = _time()
 
 
 class OrphanRecord(Table, table=True):
