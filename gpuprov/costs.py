@@ -30,6 +30,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
 from gpuprov.db import CostRecord, Database, VmRecord, new_id
+from gpuprov.runs import pick_run, runs_of
 from providers.base import Model
 
 # The quote units an actual can be computed from; any other unit records nothing.
@@ -120,6 +121,7 @@ def record_actual(session: Session, vm: str, seen_ids: Sequence[str] = ()) -> No
     values = {
         "id": new_id(),
         "job": row.job,
+        "run": row.run,
         "kind": "actual",
         "amount": actual.amount,
         "currency": actual.currency,
@@ -191,26 +193,34 @@ class MachineCost(Model):
 
 class CostReport(Model):
     job: str | None = None  # the job asked for; None: every job
+    # With a job: the run shown (its latest unless asked for another; "" for rows from before
+    # runs were recorded) and every run of the name, oldest first.
+    run: str | None = None
+    runs: list[str] = Field(default_factory=list)
     providers: list[ProviderCost] = Field(default_factory=list)
     machines: list[MachineCost] = Field(default_factory=list)  # with a job only
 
 
-def cost_report(db: Database, job: str | None = None) -> CostReport:
-    """Every job (or one) per provider; with a job, also each of its machines."""
+def cost_report(db: Database, job: str | None = None, run: str | None = None) -> CostReport:
+    """Every job (or one) per provider; with a job, also each of its machines: of one run of
+    it, `run` or else its latest (RunNotFound for a run the name never had)."""
+    chosen = pick_run(db, job, run) if job is not None else None
     with db.session() as session:
         cost_query = select(CostRecord).order_by(col(CostRecord.recorded_at), col(CostRecord.id))
         vm_query = select(VmRecord).order_by(
             col(VmRecord.job), col(VmRecord.attempt), col(VmRecord.node_index), col(VmRecord.vm)
         )
         if job is not None:
-            cost_query = cost_query.where(CostRecord.job == job)
-            vm_query = vm_query.where(VmRecord.job == job)
+            cost_query = cost_query.where(CostRecord.job == job, CostRecord.run == chosen)
+            vm_query = vm_query.where(VmRecord.job == job, VmRecord.run == chosen)
         costs = list(session.exec(cost_query).all())
         rows = list(session.exec(vm_query).all())
     actuals = {cost.vm: cost for cost in costs if cost.kind == "actual" and cost.vm is not None}
     machines = [_machine(row, actuals.get(row.vm)) for row in rows]
     return CostReport(
         job=job,
+        run=chosen,
+        runs=[known.run for known in runs_of(db, job)] if job is not None else [],
         providers=_per_provider(costs, rows, machines),
         machines=machines if job is not None else [],
     )

@@ -6,7 +6,7 @@ and which jobs must be woken because one of their workers changed.
     changed(worker)                     the API, when the worker's work moved on (started, ended)
     mark_lost(lost_after)               the sweep: alive workers silent for too long -> lost
     pending(limit) / notified(...)      the sweep: workers whose change their job was not told
-    of_job(job)                         the job's local activity `job_workers`: the truth
+    of_job(job, run)                    the job's local activity `job_workers`: the truth
     set_draining / remove               `gpuprov workers drain|undrain|remove` and the API
 
 A worker's `changed_at` moves when its liveness (alive/lost) or its health verdict
@@ -200,13 +200,13 @@ class Liveness:
             session.commit()
         return told
 
-    def of_job(self, job: str) -> list[WorkerRecord]:
-        """Every worker the database ties to `job`, revoked ones included, oldest first."""
-        query = (
-            select(WorkerRecord)
-            .where(WorkerRecord.job == job)
-            .order_by(col(WorkerRecord.registered_at), col(WorkerRecord.id))
-        )
+    def of_job(self, job: str, run: str | None = None) -> list[WorkerRecord]:
+        """Every worker the database ties to `job` (to its `run`: never an earlier run's),
+        revoked ones included, oldest first."""
+        query = select(WorkerRecord).where(WorkerRecord.job == job)
+        if run is not None:
+            query = query.where(WorkerRecord.run == run)
+        query = query.order_by(col(WorkerRecord.registered_at), col(WorkerRecord.id))
         with self.db.session() as session:
             return list(session.exec(query).all())
 

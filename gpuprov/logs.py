@@ -2,17 +2,21 @@
 
     LogRecords.append(work, seq, stream, data, cap)  POST /v1/work/{id}/logs: one chunk, kept
                                                      once per (work, seq)
-    LogRecords.chunks(job, after, node, limit)       GET /v1/jobs/{job}/logs, `gpuprov logs`,
+    LogRecords.chunks(job, run, after, node, limit)  GET /v1/jobs/{job}/logs, `gpuprov logs`,
                                                      GpuprovClient.logs: in arrival order
     Lines                                            chunks -> LogLine, one per line of output
-    read_lines(database_url, job, node, running)     the lines, read on while `running()` says
-                                                     the job runs (`gpuprov logs --follow`)
+    read_lines(database_url, job, node, running,     the lines of one run of the job (its
+               run)                                  latest by default), read on while
+                                                     `running()` says the job runs
+                                                     (`gpuprov logs --follow`)
 
 A node's agent sends its chunks one at a time and in order, so arrival order (the id) is each
-node's own order. A job keeps at most `[jobs] log_cap_bytes` of output: past that its oldest
-chunks are deleted, and one note (stream `gpuprov`, seq -1) says how many bytes were dropped in
-all. The running counts live in `log_usage`, written in the chunk's own transaction, so the cap
-costs one row's update rather than a sum over every chunk of the job.
+node's own order. Every chunk belongs to the run of its work row (gpuprov/runs.py): a name
+submitted again starts with no output, and an earlier run's stays readable. A run keeps at most
+`[jobs] log_cap_bytes` of output: past that its oldest chunks are deleted, and one note (stream
+`gpuprov`, seq -1) says how many bytes were dropped in all. The running counts live in
+`log_usage`, one row per run, written in the chunk's own transaction, so the cap costs one row's
+update rather than a sum over every chunk of the run.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 
 from gpuprov.db import Database, LogChunk, LogUsage, WorkRecord, utcnow
+from gpuprov.runs import pick_run
 from providers.base import Model
 
 NOTE_STREAM = "gpuprov"  # the control plane's own words in a job's output
@@ -52,6 +57,7 @@ class LogChunkView(Model):
 class LogPage(Model):
     chunks: list[LogChunkView]
     next_after: int  # `after` for the next page (the last id here, or the one given)
+    run: str | None = None  # the run read (the API's answer says which: its latest by default)
 
 
 class LogLine(Model):
@@ -81,6 +87,7 @@ def _chunk(work: WorkRecord, seq: int, stream: str, data: str) -> LogChunk:
     """A chunk of `work`'s output, its size in UTF-8 bytes (what the cap counts)."""
     return LogChunk(
         job=work.job,
+        run=work.run,
         work_id=work.id,
         epoch=work.epoch,
         node_rank=work.node_rank,
@@ -98,7 +105,7 @@ class LogRecords:
 
     def append(self, work: WorkRecord, seq: int, stream: str, data: str, cap: int) -> bool:
         """Keep one chunk of `work`'s output; False when (work, seq) is kept already (a repeat).
-        Past `cap` bytes for the job the oldest chunks go, and the job's note says so."""
+        Past `cap` bytes for the run the oldest chunks go, and the run's note says so."""
         chunk = _chunk(work, seq, stream, clean_text(data))
         with self.db.session() as session:
             repeat = session.exec(
@@ -112,27 +119,27 @@ class LogRecords:
             except IntegrityError:  # the same chunk, sent twice at once: one of them is kept
                 session.rollback()
                 return False
-            kept = session.execute(self._count(work.job, chunk.size)).scalar_one()
+            kept = session.execute(self._count(work, chunk.size)).scalar_one()
             if kept > cap:
                 self._drop_oldest(session, work, kept - cap, cap)
             session.commit()
         return True
 
-    def _count(self, job: str, size: int) -> Any:
-        """Add `size` to the job's kept bytes (its row created by its first chunk)."""
+    def _count(self, work: WorkRecord, size: int) -> Any:
+        """Add `size` to the run's kept bytes (its row created by its first chunk)."""
         insert = postgresql.insert if self.db.dialect == "postgresql" else sqlite.insert
         now = utcnow()
         statement = insert(LogUsage).values(
-            job=job, kept_bytes=size, dropped_bytes=0, updated_at=now
+            job=work.job, run=work.run, kept_bytes=size, dropped_bytes=0, updated_at=now
         )
         return statement.on_conflict_do_update(
-            index_elements=["job"],
+            index_elements=["job", "run"],
             set_={"kept_bytes": LogUsage.kept_bytes + size, "updated_at": now},
         ).returning(LogUsage.kept_bytes)
 
     def _drop_oldest(self, session: Any, work: WorkRecord, excess: int, cap: int) -> None:
-        """Delete the job's oldest chunks until `excess` bytes are gone; the note says how many
-        bytes were dropped since the job began."""
+        """Delete the run's oldest chunks until `excess` bytes are gone; the note says how many
+        bytes were dropped since the run began."""
         doomed: list[int] = []
         dropped, after = 0, 0
         while dropped < excess:
@@ -140,6 +147,7 @@ class LogRecords:
                 select(LogChunk.id, LogChunk.size)
                 .where(
                     LogChunk.job == work.job,
+                    LogChunk.run == work.run,
                     col(LogChunk.stream) != NOTE_STREAM,
                     col(LogChunk.id) > after,
                 )
@@ -157,7 +165,7 @@ class LogRecords:
         session.exec(sa.delete(LogChunk).where(col(LogChunk.id).in_(doomed)))
         total = session.execute(
             sa.update(LogUsage)
-            .where(col(LogUsage.job) == work.job)
+            .where(col(LogUsage.job) == work.job, col(LogUsage.run) == work.run)
             .values(
                 kept_bytes=LogUsage.kept_bytes - dropped,
                 dropped_bytes=LogUsage.dropped_bytes + dropped,
@@ -166,17 +174,26 @@ class LogRecords:
         ).scalar_one()
         session.exec(
             sa.delete(LogChunk).where(
-                col(LogChunk.job) == work.job, col(LogChunk.stream) == NOTE_STREAM
+                col(LogChunk.job) == work.job,
+                col(LogChunk.run) == work.run,
+                col(LogChunk.stream) == NOTE_STREAM,
             )
         )
         session.add(_chunk(work, NOTE_SEQ, NOTE_STREAM, cap_note(total, cap)))
 
     def chunks(
-        self, job: str, after: int = 0, node: int | None = None, limit: int = 1000
+        self,
+        job: str,
+        after: int = 0,
+        node: int | None = None,
+        limit: int = 1000,
+        run: str | None = None,
     ) -> LogPage:
-        """The job's chunks that arrived after the chunk `after`, oldest first; of one node's
-        with `node` (the control plane's notes always)."""
+        """The job's chunks that arrived after the chunk `after`, oldest first; of one run's
+        with `run`, of one node's with `node` (the control plane's notes always)."""
         query = select(LogChunk).where(LogChunk.job == job, col(LogChunk.id) > after)
+        if run is not None:
+            query = query.where(LogChunk.run == run)
         if node is not None:
             query = query.where(
                 sa.or_(col(LogChunk.node_rank) == node, col(LogChunk.stream) == NOTE_STREAM)
@@ -241,17 +258,20 @@ async def read_lines(
     node: int | None = None,
     running: Callable[[], Awaitable[bool]] | None = None,
     poll_interval: float = FOLLOW_EVERY,
+    run: str | None = None,
 ) -> AsyncIterator[LogLine]:
-    """The job's output as lines, read from the database as it stands; with `running`, read on
-    while it answers True and once more after (what the nodes sent before the job ended is
-    in by then: an agent sends all its output before it reports the end)."""
+    """One run's output as lines (`run`, else the job's latest run: RunNotFound for a run the
+    name never had), read from the database as it stands; with `running`, read on while it
+    answers True and once more after (what the nodes sent before the job ended is in by then:
+    an agent sends all its output before it reports the end)."""
     database = Database(database_url)
     records, lines, after = LogRecords(database), Lines(), 0
     try:
+        chosen = await asyncio.to_thread(pick_run, database, job, run)
         while True:
             more = running is not None and await running()
             while True:
-                page = await asyncio.to_thread(records.chunks, job, after, node, PAGE)
+                page = await asyncio.to_thread(records.chunks, job, after, node, PAGE, chosen)
                 for line in lines.feed(page.chunks):
                     yield line
                 after = page.next_after

@@ -29,6 +29,7 @@ from gpuprov.credentials import delete_worker_credentials, revoke_worker_credent
 from gpuprov.db import (
     BLOCK_SCOPES,
     COST_KINDS,
+    NO_RUN,
     VM_STATUSES,
     WORKER_ORIGINS,
     WORKER_STATES,
@@ -42,6 +43,7 @@ from gpuprov.db import (
     WorkerRecord,
     utcnow,
 )
+from gpuprov.runs import note_run, run_of_vm
 from providers.base import Billing, PriceQuote
 from providers.errors import ErrorKind
 
@@ -118,9 +120,11 @@ class Records:
     ) -> VmRecord:
         """Record a VM before its create call; a second call for the same `vm` returns the
         existing row unchanged (an activity retry), unless it belongs to another job. The
-        offer's quote and the cloud's billing terms stay on the row for its actual cost."""
+        offer's quote and the cloud's billing terms stay on the row for its actual cost; the
+        run is the one the identity names."""
         row = VmRecord(
             job=job,
+            run=run_of_vm(vm),
             node_index=node_index,
             attempt=attempt,
             vm=vm,
@@ -143,6 +147,7 @@ class Records:
             try:
                 with self.db.session() as session:
                     session.add(row)
+                    note_run(session, self.db.dialect, job, row.run)
                     session.commit()
                 return row
             except IntegrityError:
@@ -241,6 +246,12 @@ class Records:
             )
             return list(session.exec(query).all())
 
+    def note_run(self, job: str, run: str | None) -> None:
+        """Record a run of the job (once; gpuprov/runs.py)."""
+        with self.db.session() as session:
+            note_run(session, self.db.dialect, job, run)
+            session.commit()
+
     # ------------------------------------------------------------------ join tokens
 
     @staticmethod
@@ -334,9 +345,11 @@ class Records:
         source: str,
         recorded_at: datetime | None = None,
         provider: str | None = None,
+        run: str | None = None,
     ) -> CostRecord:
         row = CostRecord(
             job=job,
+            run=run or NO_RUN,
             kind=_check(kind, COST_KINDS, "cost kind"),
             amount=amount,
             currency=currency,
@@ -347,16 +360,17 @@ class Records:
         )
         with self.db.session() as session:
             session.add(row)
+            note_run(session, self.db.dialect, job, run)
             session.commit()
         return row
 
-    def costs(self, job: str) -> list[CostRecord]:
+    def costs(self, job: str, run: str | None = None) -> list[CostRecord]:
+        """The job's cost records (of one run with `run`)."""
         with self.db.session() as session:
-            query = (
-                select(CostRecord)
-                .where(CostRecord.job == job)
-                .order_by(col(CostRecord.recorded_at), col(CostRecord.id))
-            )
+            query = select(CostRecord).where(CostRecord.job == job)
+            if run is not None:
+                query = query.where(CostRecord.run == run)
+            query = query.order_by(col(CostRecord.recorded_at), col(CostRecord.id))
             return list(session.exec(query).all())
 
     # ------------------------------------------------------------------ blocks
@@ -441,8 +455,12 @@ class Records:
         state: str,
     ) -> WorkerRecord:
         """Add a worker row to the caller's transaction (flushed, not committed). The
-        registration is its first sign of life; its health is the probe's GPU verdict."""
+        registration is its first sign of life; its health is the probe's GPU verdict. A
+        managed worker belongs to the run its machine was made for."""
         now = utcnow()
+        run = None
+        if vm is not None:
+            run = session.exec(select(VmRecord.run).where(VmRecord.vm == vm)).first()
         runtime_ok = capabilities.get("gpu_runtime_ok") is True
         row = WorkerRecord(
             origin=_check(origin, WORKER_ORIGINS, "worker origin"),
@@ -453,6 +471,7 @@ class Records:
             capabilities=dict(capabilities),
             state=_check(state, WORKER_STATES, "worker state"),
             job=job,
+            run=run or NO_RUN,
             registered_at=now,
             updated_at=now,
             last_seen_at=now,
@@ -477,10 +496,11 @@ class Records:
             session.commit()
 
     def reserve_worker(
-        self, *, job: str, eligible: Callable[[WorkerRecord], bool]
+        self, *, job: str, eligible: Callable[[WorkerRecord], bool], run: str | None = None
     ) -> WorkerRecord | None:
-        """Reserve the oldest idle existing worker that `eligible` accepts, or return None.
-        A draining worker (`gpuprov workers drain`) or a lost one is never reserved.
+        """Reserve the oldest idle existing worker that `eligible` accepts for the job's `run`,
+        or return None. A draining worker (`gpuprov workers drain`) or a lost one is never
+        reserved.
 
         Each claim is `UPDATE ... WHERE id = ? AND state = 'idle'` (and still alive, not
         draining): when another job, a drain or the liveness sweep got there first it changes
@@ -505,7 +525,7 @@ class Records:
                 claim = (
                     _update(WorkerRecord)
                     .where(col(WorkerRecord.id) == candidate.id, *available)
-                    .values(state="reserved", job=job, updated_at=utcnow())
+                    .values(state="reserved", job=job, run=run or NO_RUN, updated_at=utcnow())
                 )
                 if session.exec(claim).rowcount == 1:
                     session.commit()
@@ -514,13 +534,15 @@ class Records:
         return None
 
     def set_worker_state(self, worker_id: str, state: str, job: str | None) -> None:
-        """Set the worker's state; "revoked" revokes its credential in the same transaction."""
+        """Set the worker's state; "revoked" revokes its credential in the same transaction. A
+        worker without a job belongs to no run; one with a job keeps the run it has."""
         _check(state, WORKER_STATES, "worker state")
+        values: dict[str, Any] = {"state": state, "job": job, "updated_at": utcnow()}
+        if job is None:
+            values["run"] = NO_RUN
         with self.db.session() as session:
             result = session.exec(
-                _update(WorkerRecord)
-                .where(col(WorkerRecord.id) == worker_id)
-                .values(state=state, job=job, updated_at=utcnow())
+                _update(WorkerRecord).where(col(WorkerRecord.id) == worker_id).values(values)
             )
             if result.rowcount == 0:
                 raise KeyError(f"no worker {worker_id!r}")
@@ -570,16 +592,17 @@ class Records:
             )
             return list(session.exec(query).all())
 
-    def release_job_workers(self, job: str) -> list[WorkerRecord]:
+    def release_job_workers(self, job: str, run: str | None = None) -> list[WorkerRecord]:
         """The job's existing workers go back to idle; its managed workers are revoked (they
-        keep the job for the record), and so are their credentials. Returns the rows that
-        changed; a repeat returns []."""
+        keep the job and run for the record), and so are their credentials. With `run`, only
+        that run's workers. Returns the rows that changed; a repeat returns []."""
         now = utcnow()
-        of_job = (col(WorkerRecord.job) == job, col(WorkerRecord.state) != "revoked")
+        of_run = () if run is None else (col(WorkerRecord.run) == run,)
+        of_job = (col(WorkerRecord.job) == job, *of_run, col(WorkerRecord.state) != "revoked")
         with self.db.session() as session:
             changed: list[WorkerRecord] = []
             for origin, values in (
-                ("existing", {"state": "idle", "job": None, "updated_at": now}),
+                ("existing", {"state": "idle", "job": None, "run": NO_RUN, "updated_at": now}),
                 ("managed", {"state": "revoked", "updated_at": now}),
             ):
                 update = (
@@ -590,7 +613,7 @@ class Records:
                     .execution_options(synchronize_session=False, populate_existing=True)
                 )
                 changed.extend(session.exec(update).scalars().all())
-            revoked = (col(WorkerRecord.job) == job, col(WorkerRecord.state) == "revoked")
+            revoked = (col(WorkerRecord.job) == job, *of_run, col(WorkerRecord.state) == "revoked")
             revoke_worker_credentials(session, now, *revoked)
             session.commit()
         return sorted(changed, key=lambda worker: (worker.registered_at, worker.id))

@@ -1,6 +1,7 @@
 """The work a job runs on its nodes, in the database: assignments and their states.
 
-The job's workflow writes a run's assignments (one row per node and epoch) and asks for stops;
+The job's workflow writes a run's assignments (one row per node and epoch of the run; a name
+submitted again is a new run, whose rows are its own) and asks for stops;
 each node's agent reads its assignment and reports through the API (gpuprov/api_work.py). A
 row only moves forward: assigned -> started -> exited | stop_requested -> stopped, and any
 unfinished row -> abandoned when its epoch is given up. Every write here is idempotent, so a
@@ -16,8 +17,9 @@ import sqlalchemy as sa
 from pydantic import Field
 from sqlmodel import col, select
 
-from gpuprov.db import Database, WorkRecord, utcnow
+from gpuprov.db import NO_RUN, Database, WorkRecord, utcnow
 from gpuprov.models import NodeWork, WorkState
+from gpuprov.runs import note_run
 from providers.base import Model
 
 UNFINISHED = (WorkState.ASSIGNED.value, WorkState.STARTED.value, WorkState.STOP_REQUESTED.value)
@@ -45,16 +47,15 @@ class WorkRecords:
     def __init__(self, db: Database) -> None:
         self.db = db
 
-    def assign(self, job: str, epoch: int, assignments: Sequence[Assignment]) -> None:
-        """Write the epoch's rows; rows already there (a retry) are left as they are."""
+    def assign(
+        self, job: str, epoch: int, assignments: Sequence[Assignment], run: str | None = None
+    ) -> None:
+        """Write the run's rows for the epoch; rows already there (a retry) are left as they
+        are. `run` None: a caller from before runs were recorded (its rows belong to no run)."""
         now = utcnow()
         with self.db.session() as session:
             existing = set(
-                session.exec(
-                    select(WorkRecord.node_rank).where(
-                        WorkRecord.job == job, WorkRecord.epoch == epoch
-                    )
-                ).all()
+                session.exec(select(WorkRecord.node_rank).where(*_of(job, epoch, run))).all()
             )
             for assignment in assignments:
                 if assignment.rank in existing:
@@ -62,6 +63,7 @@ class WorkRecords:
                 session.add(
                     WorkRecord(
                         job=job,
+                        run=run or NO_RUN,
                         epoch=epoch,
                         node_rank=assignment.rank,
                         worker_id=assignment.worker_id,
@@ -72,33 +74,34 @@ class WorkRecords:
                         updated_at=now,
                     )
                 )
+            note_run(session, self.db.dialect, job, run)
             session.commit()
 
-    def request_stop(self, job: str, epoch: int) -> int:
+    def request_stop(self, job: str, epoch: int, run: str | None = None) -> int:
         """Ask every unfinished node of the epoch to stop; an assignment nobody started yet is
         stopped at once (its agent will never start it). Returns the rows changed."""
         now = utcnow()
         with self.db.session() as session:
             never_started = session.exec(
                 sa.update(WorkRecord)
-                .where(*_of(job, epoch), col(WorkRecord.state) == WorkState.ASSIGNED.value)
+                .where(*_of(job, epoch, run), col(WorkRecord.state) == WorkState.ASSIGNED.value)
                 .values(state=WorkState.STOPPED.value, ended_at=now, updated_at=now)
             ).rowcount
             running = session.exec(
                 sa.update(WorkRecord)
-                .where(*_of(job, epoch), col(WorkRecord.state) == WorkState.STARTED.value)
+                .where(*_of(job, epoch, run), col(WorkRecord.state) == WorkState.STARTED.value)
                 .values(state=WorkState.STOP_REQUESTED.value, updated_at=now)
             ).rowcount
             session.commit()
         return never_started + running
 
-    def abandon(self, job: str, epoch: int) -> int:
+    def abandon(self, job: str, epoch: int, run: str | None = None) -> int:
         """Give up the epoch: its unfinished rows are never started, or reported, again."""
         now = utcnow()
         with self.db.session() as session:
             changed = session.exec(
                 sa.update(WorkRecord)
-                .where(*_of(job, epoch), col(WorkRecord.state).in_(UNFINISHED))
+                .where(*_of(job, epoch, run), col(WorkRecord.state).in_(UNFINISHED))
                 .values(state=WorkState.ABANDONED.value, ended_at=now, updated_at=now)
             ).rowcount
             session.commit()
@@ -107,7 +110,9 @@ class WorkRecords:
     # ------------------------------------------------------------------ what nodes report
 
     def for_worker(self, worker_id: str) -> WorkRecord | None:
-        """The worker's current work: the newest row that is not over (None when none is)."""
+        """The worker's current work: the newest row that is not over (None when none is). By
+        when it was written, not by epoch: an existing worker serves one run after another,
+        and an earlier run's epoch says nothing about this one's."""
         with self.db.session() as session:
             return session.exec(
                 select(WorkRecord)
@@ -115,7 +120,7 @@ class WorkRecords:
                     col(WorkRecord.worker_id) == worker_id,
                     col(WorkRecord.state).in_(UNFINISHED),
                 )
-                .order_by(col(WorkRecord.epoch).desc(), col(WorkRecord.created_at).desc())
+                .order_by(col(WorkRecord.created_at).desc(), col(WorkRecord.epoch).desc())
             ).first()
 
     def of_worker(self, work_id: str, worker_id: str) -> WorkRecord | None:
@@ -172,10 +177,11 @@ class WorkRecords:
             session.commit()
         return bool(stopped or exited)
 
-    def of_job(self, job: str, epoch: int) -> list[NodeWork]:
+    def of_job(self, job: str, epoch: int, run: str | None = None) -> list[NodeWork]:
+        """The epoch's rows (of `run`; None: of any run, as before runs were recorded)."""
         with self.db.session() as session:
             rows = session.exec(
-                select(WorkRecord).where(*_of(job, epoch)).order_by(col(WorkRecord.node_rank))
+                select(WorkRecord).where(*_of(job, epoch, run)).order_by(col(WorkRecord.node_rank))
             ).all()
         return [
             NodeWork(
@@ -190,8 +196,10 @@ class WorkRecords:
         ]
 
 
-def _of(job: str, epoch: int) -> tuple[Any, Any]:
-    return col(WorkRecord.job) == job, col(WorkRecord.epoch) == epoch
+def _of(job: str, epoch: int, run: str | None) -> tuple[Any, ...]:
+    """The rows of the job's epoch, of one run unless `run` is None."""
+    rows = (col(WorkRecord.job) == job, col(WorkRecord.epoch) == epoch)
+    return rows if run is None else (*rows, col(WorkRecord.run) == run)
 
 
 def _mine(work_id: str, worker_id: str) -> tuple[Any, Any]:
