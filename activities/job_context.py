@@ -20,6 +20,8 @@ from providers.base import Capabilities, Model
 
 class ContextInput(Model):
     reserve: ReserveInput | None = None  # None: provision, never take existing workers (k3s)
+    job: str | None = None  # with `run`: the job's run, recorded first (gpuprov/runs.py)
+    run: str | None = None
 
 
 class JobContext(Model):
@@ -40,6 +42,8 @@ class JobContextActivities:
     async def job_context(self, request: ContextInput) -> JobContext:
         capabilities = await self._cloud.describe_providers()
         blocks = await self._store.active_blocks()
+        if request.job is not None:
+            await self._store.note_run(request.job, request.run)
         reserved = []
         if request.reserve is not None:
             reserved = await self._store.reserve_existing_workers(request.reserve)

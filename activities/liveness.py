@@ -54,6 +54,7 @@ class SweepReport(Model):
 
 class JobWorkersInput(Model):
     job: str
+    run: str | None = None  # the job's run (gpuprov/runs.py); None: sent before runs were
 
 
 def worker_liveness(worker: WorkerRecord) -> WorkerLiveness:
@@ -79,7 +80,7 @@ class LivenessActivities:
 
     @activity.defn(name="job_workers")
     async def job_workers(self, request: JobWorkersInput) -> list[WorkerLiveness]:
-        rows = await asyncio.to_thread(self._liveness.of_job, request.job)
+        rows = await asyncio.to_thread(self._liveness.of_job, request.job, request.run)
         return [worker_liveness(row) for row in rows]
 
     @activity.defn(name="sweep_liveness")

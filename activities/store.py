@@ -37,6 +37,7 @@ class ReserveInput(Model):
     job: str
     request: ResourceRequest
     nodes: int
+    run: str | None = None  # the job's run (gpuprov/runs.py); None: sent before runs were
 
 
 class BlockInput(Model):
@@ -49,6 +50,7 @@ class CostInput(Model):
     kind: str = "estimate"
     quote: PriceQuote
     provider: str | None = None  # the offer's provider, for `gpuprov cost` per provider
+    run: str | None = None  # the job's run (gpuprov/runs.py); None: sent before runs were
 
 
 class VmStatusInput(Model):
@@ -77,6 +79,7 @@ class ResolveInput(Model):
 
 class ReleaseInput(Model):
     job: str
+    run: str | None = None  # the job's run (gpuprov/runs.py); None: sent before runs were
 
 
 class ReleasedWorkers(Model):
@@ -104,6 +107,10 @@ class StoreActivities:
     async def reserve_existing_workers(self, request: ReserveInput) -> list[ExistingWorker]:
         return await asyncio.to_thread(self._reserve_all_or_none, request)
 
+    async def note_run(self, job: str, run: str | None) -> None:
+        """The job's run recorded (once), before it writes anything else."""
+        await asyncio.to_thread(self._records.note_run, job, run)
+
     def _reserve_all_or_none(self, request: ReserveInput) -> list[ExistingWorker]:
         if request.request.image is not None:
             return []  # an existing worker runs what it booted: only a new machine boots it
@@ -115,7 +122,9 @@ class StoreActivities:
 
         reserved = []
         for _ in range(request.nodes):
-            worker = self._records.reserve_worker(job=request.job, eligible=eligible)
+            worker = self._records.reserve_worker(
+                job=request.job, eligible=eligible, run=request.run
+            )
             if worker is None:
                 break
             reserved.append(worker)
@@ -173,6 +182,7 @@ class StoreActivities:
                 source=quote.source,
                 recorded_at=quote.observed_at,
                 provider=request.provider,
+                run=request.run,
             )
         )
 
@@ -226,7 +236,7 @@ class StoreActivities:
 
     @activity.defn(name="release_job_workers")
     async def release_job_workers(self, request: ReleaseInput) -> ReleasedWorkers:
-        rows = await asyncio.to_thread(self._records.release_job_workers, request.job)
+        rows = await asyncio.to_thread(self._records.release_job_workers, request.job, request.run)
         released = ReleasedWorkers()
         for row in rows:
             (released.idle if row.state == "idle" else released.revoked).append(row.id)

@@ -487,6 +487,9 @@ class JobStatus(Model):
     """Everything the status query answers: where the job is, what it tried, what it holds."""
 
     name: str
+    # The run of the name (gpuprov/runs.py): every row this run wrote carries it, and
+    # `gpuprov status|logs|cost NAME --run RUN` shows an earlier run by it.
+    run: str | None = None
     state: JobState = JobState.QUEUED
     waiting_for: str | None = None
     attempts: list[Attempt] = Field(default_factory=list)

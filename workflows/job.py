@@ -63,6 +63,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from providers.base import Capabilities
     from providers.errors import ErrorKind
+    from workflows.attempt import vm_run_tag
     from workflows.compensation import (
         Compensation,
         CompensationStack,
@@ -95,7 +96,11 @@ class NodeLost(Exception):
 @workflow.defn(name="ProvisionJob")
 class ProvisionJob:
     def __init__(self) -> None:
-        self._status = JobStatus(name=job_name_of(workflow.info().workflow_id))
+        info = workflow.info()
+        # The run every row this job writes belongs to, and the only one it reads: a name
+        # submitted again is a new run and starts clean (gpuprov/runs.py).
+        self._run = vm_run_tag(info.first_execution_run_id)
+        self._status = JobStatus(name=job_name_of(info.workflow_id), run=self._run)
         self._release_requested = False
         self._changed = False  # `workers_changed` arrived: read the nodes' state again
         self._capabilities: dict[str, Capabilities] = {}
@@ -240,12 +245,18 @@ class ProvisionJob:
         reserve = None
         if not k3s:
             reserve = ReserveInput(
-                job=self._spec.name, request=self._spec.resource_request(), nodes=self._spec.nodes
+                job=self._spec.name,
+                request=self._spec.resource_request(),
+                nodes=self._spec.nodes,
+                run=self._run,
             )
         self._waiting(
             "offers (the k3s profile provisions)" if k3s else "an idle, compatible existing worker"
         )
-        context = await run_step(JobContextActivities.job_context, ContextInput(reserve=reserve))
+        context = await run_step(
+            JobContextActivities.job_context,
+            ContextInput(reserve=reserve, job=self._spec.name, run=self._run),
+        )
         self._status.existing_workers = context.reserved  # freed by _free_workers at any ending
         self._capabilities = context.capabilities
         self._prefetched_blocks = context.blocks
@@ -320,7 +331,7 @@ class ProvisionJob:
     async def _run_epoch(self) -> None:
         """Give every node its work (again, in a continued run: a repeat changes nothing) and
         follow it until it ends everywhere, the job is released, or a node is lost."""
-        epoch = EpochInput(job=self._spec.name, epoch=self._epoch)
+        epoch = self._epoch_input()
         nodes = self._placed_nodes()
         self._work_assigned = True  # before the step: a cancel may land while it commits
         await run_step(
@@ -329,6 +340,7 @@ class ProvisionJob:
                 job=self._spec.name,
                 epoch=self._epoch,
                 assignments=running.assignments(self._spec, nodes),
+                run=self._run,
             ),
         )
         self._set_state(JobState.RUNNING, f"the work to end on {len(nodes)} node(s)")
@@ -350,6 +362,9 @@ class ProvisionJob:
                 raise NodeLost(judgement.cause)
             self._continue_as_new_if_long()
         await self._stop_work()
+
+    def _epoch_input(self) -> EpochInput:
+        return EpochInput(job=self._spec.name, epoch=self._epoch, run=self._run)
 
     def _placed_nodes(self) -> list[running.PlacedNode]:
         return running.placed_nodes(self._placed_machines(), self._status.existing_workers)
@@ -388,7 +403,7 @@ class ProvisionJob:
         """After a wake: the workers' liveness as the database says it (the heartbeats' truth),
         the machines' health when a check is due, then the details."""
         self._status.workers = await run_step(
-            LivenessActivities.job_workers, JobWorkersInput(job=self._spec.name)
+            LivenessActivities.job_workers, JobWorkersInput(job=self._spec.name, run=self._run)
         )
         due = self._next_check is not None and workflow.now() >= self._next_check
         if not due:
@@ -421,7 +436,7 @@ class ProvisionJob:
             Restart(number=len(self._status.restarts) + 1, at=workflow.now(), cause=cause)
         )
         self._waiting(f"restart {len(self._status.restarts)}: {cause}")
-        epoch = EpochInput(job=self._spec.name, epoch=self._epoch)
+        epoch = self._epoch_input()
         await run_step(WorkActivities.abandon_work, epoch)
         attempt = self._status.attempts[-1]
         attempt.outcome = AttemptOutcome.FAILED
@@ -461,7 +476,7 @@ class ProvisionJob:
             self._work_assigned and workflow.patched(STOP_ASSIGNED_WORK)
         ):
             return
-        epoch = EpochInput(job=self._spec.name, epoch=self._epoch)
+        epoch = self._epoch_input()
         try:
             await run_step(WorkActivities.stop_work, epoch)
             deadline = workflow.now() + STOP_WAIT
@@ -504,7 +519,10 @@ class ProvisionJob:
         """Existing workers back to idle, managed workers revoked (idempotent). Runs on every
         ending, so it records a failure instead of raising one."""
         try:
-            await run_step(StoreActivities.release_job_workers, ReleaseInput(job=self._spec.name))
+            await run_step(
+                StoreActivities.release_job_workers,
+                ReleaseInput(job=self._spec.name, run=self._run),
+            )
         except StepFailure as failure:
             self._status.leaks.append(f"workers of {self._spec.name} not freed: {failure}")
 

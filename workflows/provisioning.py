@@ -39,7 +39,7 @@ with workflow.unsafe.imports_passed_through():
         JobStatus,
     )
     from providers.base import Capabilities, Offer
-    from workflows.attempt import AttemptSaga
+    from workflows.attempt import AttemptSaga, vm_run_tag
     from workflows.compensation import (
         Compensation,
         CompensationStack,
@@ -223,7 +223,8 @@ class Provisioning:
         quote = offer.price.model_copy(update={"amount": offer.price.amount * self.spec.nodes})
         self.status.hourly_cost = quote
         metrics.estimated_spend(offer.provider, quote)
-        estimate = CostInput(job=self.spec.name, quote=quote, provider=offer.provider)
+        run = vm_run_tag(workflow.info().first_execution_run_id)  # the job's run (job.py)
+        estimate = CostInput(job=self.spec.name, quote=quote, provider=offer.provider, run=run)
         await run_step(StoreActivities.record_cost, estimate)
 
     async def add_block(self, scope: BlockScope, key: str, failure: StepFailure) -> None:
