@@ -13,11 +13,12 @@ from __future__ import annotations
 import asyncio
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 
 from gpuprov.auth import REFUSALS, require_operator
 from gpuprov.costs import CostReport, cost_report
 from gpuprov.records import Records
+from gpuprov.runs import NO_SUCH_RUN, RUN_PATTERN, RunNotFound
 
 
 def _records(request: Request) -> Records:
@@ -27,9 +28,18 @@ def _records(request: Request) -> Records:
 def add_routes(app: FastAPI) -> None:
     """The cost endpoint, on the app itself (its routes stay one flat list to inspect)."""
 
-    @app.get("/v1/cost", dependencies=[Depends(require_operator)], responses=REFUSALS)
+    @app.get(
+        "/v1/cost",
+        dependencies=[Depends(require_operator)],
+        responses={**REFUSALS, **NO_SUCH_RUN},
+    )
     async def cost(
         records: Annotated[Records, Depends(_records)],
         job: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
+        run: Annotated[str | None, Query(pattern=RUN_PATTERN)] = None,
     ) -> CostReport:
-        return await asyncio.to_thread(cost_report, records.db, job)
+        """Every job's costs, or one job's (its latest run, or the run `run` names)."""
+        try:
+            return await asyncio.to_thread(cost_report, records.db, job, run)
+        except RunNotFound as unknown:
+            raise HTTPException(404, str(unknown)) from None

@@ -7,7 +7,8 @@
                                                   before it started, or given up)
     POST /v1/work/{id}/exit    {code, tail}       it ended with `code`; its last lines
     POST /v1/work/{id}/logs    {seq, stream, data} a chunk of its output, kept once per seq
-    GET  /v1/jobs/{job}/logs   ?after=&node=&limit= a job's output (operators: an API key)
+    GET  /v1/jobs/{job}/logs   ?after=&node=&limit=&run= a job's output, its latest run's
+                                                    unless `run` names another (operators)
 
 The work endpoints take the worker's credential (gpuprov/auth.py) and only ever read or change
 that worker's own rows: another worker's work is 404, and nothing changes. The rows and their
@@ -41,6 +42,7 @@ from gpuprov.db import WorkerRecord, WorkRecord
 from gpuprov.liveness import Liveness
 from gpuprov.logs import LogPage, LogRecords, clean_text
 from gpuprov.models import JOB_NAME_PATTERN, WorkState, workflow_id_for
+from gpuprov.runs import NO_SUCH_RUN, RUN_PATTERN, RunNotFound, pick_run
 from gpuprov.work import RunCommand, WorkRecords
 from providers.base import Model
 
@@ -224,12 +226,22 @@ def add_routes(app: FastAPI, jobs: JobsSettings, temporal: TemporalSource) -> No
         )
         return LogStored(stored=stored)
 
-    @app.get("/v1/jobs/{job}/logs", dependencies=[Depends(require_operator)], responses=REFUSALS)
+    @app.get(
+        "/v1/jobs/{job}/logs",
+        dependencies=[Depends(require_operator)],
+        responses={**REFUSALS, **NO_SUCH_RUN},
+    )
     async def job_output(
         job: Annotated[str, Path(pattern=JOB_NAME_PATTERN)],
         after: Annotated[int, Query(ge=0, le=MAX_AFTER)] = 0,
         node: Annotated[int | None, Query(ge=0, le=1024)] = None,
         limit: Annotated[int, Query(ge=1, le=5000)] = 1000,
+        run: Annotated[str | None, Query(pattern=RUN_PATTERN)] = None,
     ) -> LogPage:
         assert logs is not None  # an operator was authenticated: there is a database
-        return await asyncio.to_thread(logs.chunks, job, after, node, limit)
+        try:
+            chosen = await asyncio.to_thread(pick_run, logs.db, job, run)
+        except RunNotFound as unknown:
+            raise HTTPException(404, str(unknown)) from None
+        page = await asyncio.to_thread(logs.chunks, job, after, node, limit, chosen)
+        return page.model_copy(update={"run": chosen})

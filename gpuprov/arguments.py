@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from gpuprov.models import JOB_NAME_PATTERN
+from gpuprov.runs import RUN_PATTERN
 
 
 class Parser(argparse.ArgumentParser):
@@ -21,6 +22,15 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"error: {self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
+
+
+def run_tag(text: str) -> str:
+    """An argparse type: a job's run, as its status shows it (six hex digits)."""
+    if not re.fullmatch(RUN_PATTERN, text):
+        raise argparse.ArgumentTypeError(
+            f"not a run (six hex digits, as in `gpuprov status`): {text[:40]!r}"
+        )
+    return text
 
 
 def bounded_int(low: int, high: int, unit: str = "") -> Callable[[str], int]:

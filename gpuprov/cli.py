@@ -4,9 +4,10 @@
     gpuprov demo-ssh                  a job bootstrapped over real SSH (a loopback sshd; root)
     gpuprov dev                       Temporal dev server + UI + worker, until Ctrl-C
     gpuprov submit job.yaml [--wait]  start a job (workflow id job-<name>)
-    gpuprov status NAME | list | release NAME | cancel NAME | offers --gpu H100
+    gpuprov status NAME [--run R] | list | release NAME | cancel NAME | offers --gpu H100
     gpuprov health NAME               verdict per machine of a job (or one VM): diagnosis + SSH
-    gpuprov logs NAME [--node N] [--follow]  a job's output, each line after its node's rank
+    gpuprov logs NAME [--node N] [--follow] [--run R]  a job's output, each line after its
+                                      node's rank
     gpuprov api                       the control-plane API (nodes register here)
     gpuprov setup                     once per cluster: migrations, namespace, search attributes,
                                       the reconciler's and the liveness sweep's Schedules
@@ -14,8 +15,10 @@
     gpuprov orphans [--all]           machines the reconciler is (or was) cleaning up, and
                                       those whose job is stuck or whose owner is unknown
     gpuprov end NAME [--yes]          end a stuck job: terminate it, delete its machines
-    gpuprov cost [JOB] [--json]       per job and provider: hourly estimate and actual cost;
-                                      with JOB, each machine: quote, launched, gone, billed
+    gpuprov cost [JOB [--run R]] [--json]  per job and provider: hourly estimate and actual
+                                      cost; with JOB, each machine: quote, launched, gone, billed
+A name submitted again is a new run of it: status, logs and cost show its latest run, and an
+earlier one with --run (the run `gpuprov status` shows).
     gpuprov workers [drain|undrain|remove ID]  registered machines: liveness, health, drain
     gpuprov token create --label L    a single-use join token for a box you own
     gpuprov join --url U              on that box: register it as an existing worker and leave
@@ -55,6 +58,7 @@ from gpuprov.arguments import (
     bounded_text,
     job_name,
     job_or_machine_name,
+    run_tag,
 )
 from gpuprov.client import GpuprovClient, GpuprovError, JobNotFound
 from gpuprov.codec import codec_for
@@ -95,9 +99,12 @@ from gpuprov.render import (
     unheld_text,
     whole_provider_refusals,
 )
+from gpuprov.runs import RunNotFound
 from providers import PROVIDER_IDS
 from providers.base import ResourceRequest, Verdict
 from workflows.offers import OffersQuery
+
+EARLIER_RUN = "an earlier run of the name (as `gpuprov status` shows it); default: the latest"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -128,6 +135,7 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("name", type=job_name)
     status = commands.choices["status"]
     status.add_argument("--json", action="store_true")
+    status.add_argument("--run", type=run_tag, help=EARLIER_RUN)
     listing = commands.add_parser("list", help="list jobs")
     listing.add_argument("--state", choices=[s.value for s in JobState])
     listing.add_argument("--provider", choices=PROVIDER_IDS)
@@ -153,6 +161,7 @@ def _parser() -> argparse.ArgumentParser:
     logs.add_argument("name", type=job_name)
     logs.add_argument("--node", type=bounded_int(0, 1023), help="only this rank's output")
     logs.add_argument("--follow", "-f", action="store_true", help="until the job ends")
+    logs.add_argument("--run", type=run_tag, help=EARLIER_RUN)
     offers = commands.add_parser("offers", help="offers a job would try, cheapest first")
     # The same bounds as a job spec's fields (gpuprov/models.py).
     offers.add_argument("--gpu", type=bounded_text(MAX_GPU_NAME_LENGTH))
@@ -190,6 +199,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     cost.add_argument("job", nargs="?", help="one job: each of its machines as well")
     cost.add_argument("--json", action="store_true")
+    cost.add_argument("--run", type=run_tag, help=f"with a job: {EARLIER_RUN}")
     token = commands.add_parser("token", help="join tokens for machines you own")
     token_commands = token.add_subparsers(dest="token_command", required=True)
     create = token_commands.add_parser("create", help="mint a single-use join token (shown once)")
@@ -282,7 +292,11 @@ async def _submit(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _status(settings: Settings, args: argparse.Namespace) -> int:
-    status = await (await _client(settings)).job(args.name).status()
+    client = await _client(settings)
+    handle = (
+        client.job(args.name) if args.run is None else await client.job_run(args.name, args.run)
+    )
+    status = await handle.status()
     print(status.model_dump_json(indent=2) if args.json else status_text(status))
     return 0
 
@@ -318,15 +332,21 @@ async def _health(settings: Settings, args: argparse.Namespace) -> int:
 
 
 async def _logs(settings: Settings, args: argparse.Namespace) -> int:
-    """--follow needs Temporal (to know when the job ends); without it, Temporal is asked only
-    when the database holds no output, to tell a quiet job from no job at all."""
+    """--follow needs Temporal (to know when the job ends, and which run it is); without it,
+    Temporal is asked only when the database holds no output, to tell a quiet job from no job
+    at all."""
     job = (await _client(settings)).job(args.name) if args.follow else None
     if job is not None and not await job.exists():
         raise JobNotFound(f"no job named {args.name!r}")
+    run = args.run
+    if job is not None and run is None:
+        with contextlib.suppress(GpuprovError):  # the run Temporal has now, before any row
+            run = (await job.status()).run
     shown = 0
     try:
         running = job.running if job is not None else None
-        async for line in read_lines(settings.database_url, args.name, args.node, running):
+        lines = read_lines(settings.database_url, args.name, args.node, running, run=run)
+        async for line in lines:
             where = sys.stdout if line.stream == "stdout" else sys.stderr
             print(prefixed(line), file=where, flush=True)
             shown += 1
@@ -451,7 +471,9 @@ async def _orphans(settings: Settings, args: argparse.Namespace) -> int:
 async def _cost(settings: Settings, args: argparse.Namespace) -> int:
     records = open_records(settings.database_url)
     try:
-        report = cost_report(records.db, args.job)
+        if args.run is not None and args.job is None:
+            raise ConfigError("cost: --run needs a job")
+        report = cost_report(records.db, args.job, args.run)
     finally:
         records.db.dispose()
     print(report.model_dump_json(indent=2) if args.json else cost_text(report))
@@ -565,6 +587,7 @@ COMMANDS: dict[str, Callable[[Settings, argparse.Namespace], Awaitable[int]]] = 
 # Errors a user can act on: each is printed as one line, `error: ...`, with exit code 2.
 USER_ERRORS = (
     JobSpecError,
+    RunNotFound,
     ConfigError,
     GpuprovError,
     DatabaseUnavailable,

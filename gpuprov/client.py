@@ -64,8 +64,10 @@ from gpuprov.models import (
     WorkerSummary,
     workflow_id_for,
 )
+from gpuprov.runs import RunNotFound
 from providers import PROVIDER_IDS
 from providers.base import Model, ResourceRequest
+from workflows.attempt import vm_run_tag
 from workflows.health import CheckHealth, HealthRequest
 from workflows.offers import OffersQuery, OffersResult, PlanOffers
 from workflows.reconcile import Reconcile, ReconcileInput, ReconcileReport
@@ -321,7 +323,23 @@ class GpuprovClient:
         return JobHandle(spec.name, handle)
 
     def job(self, name: str) -> JobHandle:
+        """The name's latest run."""
         return JobHandle(name, self.temporal.get_workflow_handle(workflow_id_for(name)))
+
+    async def job_run(self, name: str, run: str) -> JobHandle:
+        """The run of the name whose tag is `run` (`JobStatus.run`), at its latest workflow
+        execution (a run may have continued as new); JobNotFound if the name never had it."""
+        workflow_id = workflow_id_for(name)
+        query = f"WorkflowId = '{workflow_id}'"  # a job name has no quote (JOB_NAME_PATTERN)
+        try:
+            async for execution in self.temporal.list_workflows(query):  # newest first
+                handle = self.temporal.get_workflow_handle(workflow_id, run_id=execution.run_id)
+                first = (await handle.describe()).raw_description.workflow_execution_info
+                if vm_run_tag(first.first_run_id or execution.run_id) == run:
+                    return JobHandle(name, handle)
+        except RPCError as error:
+            raise GpuprovError(f"cannot find run {run!r} of job {name!r}: {error}") from None
+        raise JobNotFound(f"job {name!r} has no run {run!r}")
 
     async def list(
         self, state: JobState | None = None, provider: str | None = None, limit: int = 100
@@ -392,36 +410,50 @@ class GpuprovClient:
             raise GpuprovError(f"cannot terminate job {name!r}: {error}") from None
         return True, "terminated"
 
-    async def cost(self, job: str | None = None) -> CostReport:
+    async def cost(self, job: str | None = None, run: str | None = None) -> CostReport:
         """What jobs cost, read from gpuprov's database (as `gpuprov cost` reads it): per job
         and provider the hourly estimates and the actual totals per currency; with `job`, each
-        of its machines too (quote, launched, gone, billed seconds, amount, or why none)."""
+        of its machines too (quote, launched, gone, billed seconds, amount, or why none), of
+        its latest run or of the run `run`."""
         if self.database_url is None:
             raise GpuprovError(
                 "cost reads gpuprov's database: connect with database_url= "
                 "(load_settings().database_url)"
             )
-        return await asyncio.to_thread(_read_cost, self.database_url, job)
+        return await asyncio.to_thread(_read_cost, self.database_url, job, run)
 
     async def logs(
-        self, job: str, node: int | None = None, follow: bool = False
+        self, job: str, node: int | None = None, follow: bool = False, run: str | None = None
     ) -> AsyncIterator[LogLine]:
         """A job's output, line by line, from gpuprov's database (as `gpuprov logs` reads it;
         needs database_url=): each node's lines in order (of one node with `node`), the nodes'
         interleaved as their output arrived, the control plane's notes (stream "gpuprov") among
-        them. `follow`: read on while the job runs; the iteration ends once it has ended and
-        all of its output is read."""
+        them. Of the job's latest run, or of the run `run` (`JobStatus.run`). `follow`: read on
+        while the job runs; the iteration ends once it has ended and all of its output is
+        read."""
         if self.database_url is None:
             raise GpuprovError(
                 "logs reads gpuprov's database: connect with database_url= "
                 "(load_settings().database_url)"
             )
-        running = self.job(job).running if follow else None
+        running = None
+        if follow:
+            running = self.job(job).running
+            if run is None:  # the run Temporal has now, even before it wrote a row
+                run = await self._current_run(job)
         try:
-            async for line in read_lines(self.database_url, job, node, running):
+            async for line in read_lines(self.database_url, job, node, running, run=run):
                 yield line
+        except RunNotFound as unknown:
+            raise JobNotFound(str(unknown)) from None
         except SQLAlchemyError as error:
             raise GpuprovError(f"cannot read logs from gpuprov's database: {error}") from None
+
+    async def _current_run(self, job: str) -> str | None:
+        try:
+            return (await self.job(job).status()).run
+        except GpuprovError:  # no such job in Temporal (any more): the database's latest
+            return None
 
     async def offers(self, query: OffersQuery, timeout: float = 300) -> OffersResult:
         """Offers a job would try, cheapest first, planned by a worker (it holds the keys)."""
@@ -471,11 +503,13 @@ class GpuprovClient:
             ) from None
 
 
-def _read_cost(database_url: str, job: str | None) -> CostReport:
+def _read_cost(database_url: str, job: str | None, run: str | None = None) -> CostReport:
     """The report from the database as it is: nothing is migrated or written."""
     database = Database(database_url)
     try:
-        return cost_report(database, job)
+        return cost_report(database, job, run)
+    except RunNotFound as unknown:
+        raise JobNotFound(str(unknown)) from None
     except SQLAlchemyError as error:
         raise GpuprovError(f"cannot read costs from gpuprov's database: {error}") from None
     finally:

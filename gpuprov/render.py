@@ -50,6 +50,8 @@ def progress_line(status: JobStatus) -> str:
 
 def status_text(status: JobStatus) -> str:
     lines = [f"job {status.name}: {status.state.value}"]
+    if status.run:
+        lines.append(f"  run: {status.run}")
     if status.waiting_for:
         lines.append(f"  waiting for: {status.waiting_for}")
     if status.hourly_cost is not None:
@@ -209,6 +211,11 @@ def cost_text(report: CostReport) -> str:
         suffix = f" for job {report.job}" if report.job else ""
         return f"no cost records or machines{suffix}"
     lines = [f"job {report.job}:"] if report.job else []
+    if report.job and report.run:
+        earlier = [run for run in report.runs if run != report.run]
+        lines.append(
+            f"  run {report.run}" + (f" (other runs: {', '.join(earlier)})" if earlier else "")
+        )
     for machine in report.machines:
         lines += _machine_lines(machine)
     for line in report.providers:
