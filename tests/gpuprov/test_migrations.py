@@ -421,3 +421,65 @@ def test_in_memory_sqlite_is_one_database_for_every_session():
         assert len(Records(db).costs("train")) == 1
     finally:
         db.dispose()
+
+
+def test_the_runs_migration_tells_each_rows_run_by_its_machine_and_goes_back(empty: Database):
+    """A deployment at 0008 with two runs of one name: 0009 gives every row the run its VM
+    identity names (work and output through their machine; an estimate names none and keeps
+    ""), lists the runs and counts each run's output on its own; going back to 0008 gives
+    exactly the schema it had."""
+    empty.upgrade("0008_log_usage")
+    now = utcnow()
+    statements = [
+        "INSERT INTO vms (id, job, node_index, attempt, vm, provider, region, instance_ids, "
+        "status, created_at) VALUES ('v1', 'train', 0, 1, 'train-a1-n0-aaaaa1', 'fake', 'r1', "
+        "'[]', 'terminated', :now), ('v2', 'train', 0, 1, 'train-a1-n0-bbbbb2', 'fake', 'r1', "
+        "'[]', 'running', :now), ('v3', 'old', 0, 1, 'old-a1-n0', 'fake', 'r1', '[]', "
+        "'terminated', :now)",
+        "INSERT INTO work (id, job, epoch, node_rank, worker_id, vm, command, state, "
+        "created_at, updated_at) VALUES ('w1', 'train', 0, 0, 'k1', 'train-a1-n0-aaaaa1', "
+        "'{}', 'exited', :now, :now), ('w2', 'train', 1, 0, 'k2', 'train-a1-n0-bbbbb2', '{}', "
+        "'started', :now, :now)",
+        "INSERT INTO log_chunks (id, job, work_id, epoch, node_rank, seq, stream, data, size, "
+        "created_at) VALUES (1, 'train', 'w1', 0, 0, 0, 'stdout', 'x', 10, :now), "
+        "(2, 'train', 'w2', 1, 0, 0, 'stdout', 'y', 32, :now), "
+        "(3, 'train', 'w2', 1, 0, -1, 'gpuprov', 'dropped', 7, :now)",
+        "INSERT INTO log_usage (job, kept_bytes, dropped_bytes, updated_at) VALUES "
+        "('train', 49, 100, :now)",
+        "INSERT INTO cost_records (id, job, kind, amount, currency, unit, source, recorded_at, "
+        "vm) VALUES ('c1', 'train', 'actual', 1.0, 'USD', 'total', 't', :now, "
+        "'train-a1-n0-aaaaa1'), ('c2', 'train', 'estimate', 20.0, 'USD', 'hour', 't', :now, "
+        "NULL)",
+        "INSERT INTO workers (id, origin, vm, capabilities, state, job, registered_at, "
+        "updated_at) VALUES ('k2', 'managed', 'train-a1-n0-bbbbb2', '{}', 'busy', 'train', "
+        ":now, :now)",
+    ]
+    with empty.engine.begin() as connection:
+        for statement in statements:
+            connection.execute(sa.text(statement), {"now": now})
+    before = schema(empty)
+
+    empty.upgrade("0009_runs")
+
+    def rows(query: str) -> list[tuple[Any, ...]]:
+        with empty.engine.connect() as connection:
+            return [tuple(row) for row in connection.exec_driver_sql(query).all()]
+
+    assert rows("SELECT id, run FROM vms ORDER BY id") == [
+        ("v1", "aaaaa1"), ("v2", "bbbbb2"), ("v3", "")
+    ]  # fmt: skip
+    assert rows("SELECT id, run FROM work ORDER BY id") == [("w1", "aaaaa1"), ("w2", "bbbbb2")]
+    assert rows("SELECT id, run FROM log_chunks ORDER BY id") == [
+        (1, "aaaaa1"), (2, "bbbbb2"), (3, "bbbbb2")
+    ]  # fmt: skip
+    assert rows("SELECT id, run FROM cost_records ORDER BY id") == [("c1", "aaaaa1"), ("c2", "")]
+    assert rows("SELECT id, run FROM workers") == [("k2", "bbbbb2")]
+    assert rows("SELECT job, run FROM job_runs ORDER BY run") == [
+        ("train", "aaaaa1"), ("train", "bbbbb2")
+    ]  # fmt: skip
+    assert rows("SELECT run, kept_bytes, dropped_bytes FROM log_usage ORDER BY run") == [
+        ("aaaaa1", 10, 0), ("bbbbb2", 39, 100)
+    ]  # fmt: skip
+    empty.downgrade("0008_log_usage")
+    assert schema(empty) == before
+    assert rows("SELECT job, kept_bytes, dropped_bytes FROM log_usage") == [("train", 49, 100)]
