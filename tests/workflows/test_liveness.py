@@ -36,9 +36,11 @@ def sqlite_records(tmp_path: Path) -> Records:
     return open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
 
 
-def existing_worker(records: Records, label: str, job: str | None = None) -> str:
+def existing_worker(
+    records: Records, label: str, job: str | None = None, run: str | None = None
+) -> str:
     """A worker with eight healthy H100s, as a registration writes it: an idle existing one,
-    or with `job`, a managed node reserved for that job."""
+    or with `job`, a managed node reserved for that job (for its `run`)."""
     with records.db.session() as session:
         worker = records.register_worker(
             session,
@@ -51,6 +53,8 @@ def existing_worker(records: Records, label: str, job: str | None = None) -> str
             capabilities=CAPABILITIES,
             state="reserved" if job else "idle",
         )
+        if run is not None:  # a managed node's run is its machine's: here, no machine
+            worker.run = run
         issue_worker_credential(session, worker.id)
         session.commit()
     return worker.id
@@ -100,7 +104,7 @@ async def test_a_change_wakes_its_job_once_and_a_closed_job_is_skipped(
 
         # A managed worker of the job changes, and the job ends before any sweep: its row is
         # revoked and keeps the job's name; nobody is left to tell, and it is not tried again.
-        node_id = existing_worker(sqlite_records, "node", job=job_name)
+        node_id = existing_worker(sqlite_records, "node", job=job_name, run=ready.run)
         liveness.heartbeat(node_id, healthy=False, detail="Xid 48")
         await handle.release()
         await asyncio.wait_for(handle.result(), 60)

@@ -319,8 +319,8 @@ async def test_a_registration_for_a_vm_the_job_is_not_waiting_for_never_becomes_
     ):
         handle = await gpuprov.submit(job(job_name))
         ready = await until(handle, lambda s: s.state is JobState.READY)
-        # a VM row of this job that is not a node of its current attempt (a stale attempt)
-        stray = f"{job_name}-a9-n0"
+        # a VM row of this job run that is not a node of its current attempt (a stale attempt)
+        stray = f"{job_name}-a9-n0-{ready.run}"
         sqlite_records.record_vm(
             job=job_name,
             node_index=0,
