@@ -141,7 +141,9 @@ async def run_demo(
             if placed.ready_at is not None:
                 await show_heartbeats(stack.records, placed, out)
                 out("the nodes run the work; its output as they send it (gpuprov logs -f):")
-                follow = read_lines(settings.database_url, spec.name, running=handle.running)
+                follow = read_lines(
+                    settings.database_url, spec.name, running=handle.running, run=placed.run
+                )
                 async for line in follow:
                     out(f"  {prefixed(line)}")
             status = await ending
