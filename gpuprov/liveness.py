@@ -33,7 +33,7 @@ from sqlmodel import col, select
 from gpuprov.credentials import revoke_worker_credentials
 from gpuprov.db import Database, UtcDateTime, WorkerRecord, WorkRecord, utcnow
 from gpuprov.models import WorkState
-from gpuprov.work import UNFINISHED
+from gpuprov.work import NEWEST_FIRST, current_work
 
 MAX_DETAIL = 500  # characters of a health detail kept
 
@@ -91,13 +91,11 @@ def _heartbeat_statement() -> sa.Update:
 
 def _current_work_statement() -> sa.Select:
     """The worker's newest unfinished work (as WorkRecords.for_worker reads it), built once."""
+    worker_id = sa.bindparam("worker_id", type_=sa.String())
     return (
         sa.select(WorkRecord.id, WorkRecord.state)
-        .where(
-            col(WorkRecord.worker_id) == sa.bindparam("worker_id", type_=sa.String()),
-            col(WorkRecord.state).in_(UNFINISHED),
-        )
-        .order_by(col(WorkRecord.epoch).desc(), col(WorkRecord.created_at).desc())
+        .where(*current_work(worker_id))
+        .order_by(*NEWEST_FIRST)
         .limit(1)
     )
 

@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from pydantic import Field
 from sqlmodel import col, select
 
-from gpuprov.db import NO_RUN, Database, WorkRecord, utcnow
+from gpuprov.db import NO_RUN, Database, WorkerRecord, WorkRecord, utcnow
 from gpuprov.models import NodeWork, WorkState
 from gpuprov.runs import note_run
 from providers.base import Model
@@ -110,17 +110,11 @@ class WorkRecords:
     # ------------------------------------------------------------------ what nodes report
 
     def for_worker(self, worker_id: str) -> WorkRecord | None:
-        """The worker's current work: the newest row that is not over (None when none is). By
-        when it was written, not by epoch: an existing worker serves one run after another,
-        and an earlier run's epoch says nothing about this one's."""
+        """The worker's current work: the newest row that is not over, of the job run the
+        worker serves now (None when there is none)."""
         with self.db.session() as session:
             return session.exec(
-                select(WorkRecord)
-                .where(
-                    col(WorkRecord.worker_id) == worker_id,
-                    col(WorkRecord.state).in_(UNFINISHED),
-                )
-                .order_by(col(WorkRecord.created_at).desc(), col(WorkRecord.epoch).desc())
+                select(WorkRecord).where(*current_work(worker_id)).order_by(*NEWEST_FIRST)
             ).first()
 
     def of_worker(self, work_id: str, worker_id: str) -> WorkRecord | None:
@@ -194,6 +188,26 @@ class WorkRecords:
             )
             for row in rows
         ]
+
+
+def current_work(worker_id: Any) -> tuple[Any, ...]:
+    """The unfinished rows of a worker (`worker_id`: a value or a bind parameter) that belong
+    to the job run it is reserved for or made for now. An existing worker serves one run after
+    another: a row an earlier run left unfinished is never its work again, nor a row of
+    another job. A worker of no run ("", from before runs were recorded) takes its job's."""
+    of_worker = col(WorkerRecord.id) == worker_id
+    job = sa.select(WorkerRecord.job).where(of_worker).scalar_subquery()
+    run = sa.select(WorkerRecord.run).where(of_worker).scalar_subquery()
+    return (
+        col(WorkRecord.worker_id) == worker_id,
+        col(WorkRecord.state).in_(UNFINISHED),
+        col(WorkRecord.job) == job,
+        sa.or_(run == NO_RUN, col(WorkRecord.run) == run),
+    )
+
+
+# By when a row was written, not by epoch: one run's epochs say nothing about another's.
+NEWEST_FIRST = (col(WorkRecord.created_at).desc(), col(WorkRecord.epoch).desc())
 
 
 def _of(job: str, epoch: int, run: str | None) -> tuple[Any, ...]:

@@ -21,6 +21,7 @@ from gpuprov.runs import RunNotFound, latest_run, run_of_vm, runs_of
 from gpuprov.work import Assignment, RunCommand, WorkRecords
 from tests.gpuprov.test_api import CAPABILITIES, REGISTER, body
 from tests.gpuprov.test_auth import bearer
+from tests.gpuprov.test_heartbeats_api import HEARTBEAT
 
 JOB = "train"
 FIRST, SECOND = "aaaaa1", "bbbbb2"  # run tags, as vm_run_tag makes them
@@ -68,19 +69,36 @@ async def test_each_run_reads_and_stops_only_its_own_work(api, records: Records)
     assert latest_run(records.db, JOB) == SECOND
 
 
-async def test_a_worker_serving_runs_one_after_another_gets_the_newest_assignment(
-    records: Records,
+async def test_a_joined_worker_gets_only_the_work_of_the_run_it_is_reserved_for(
+    api, records: Records
 ):
-    """An existing worker: an earlier run left an unfinished row at a later epoch; the new
-    run's epoch 0 is its current work all the same."""
+    """An earlier run left an unfinished row (at a later epoch) on an existing worker: once the
+    worker is reserved for the next run, that row is never its work again."""
     work = WorkRecords(records.db)
-    assign = lambda run, epoch: work.assign(  # noqa: E731
-        JOB, epoch, [Assignment(rank=0, worker_id="box", command=COMMAND)], run
-    )
+    token = records.mint_token(label="box", ttl=timedelta(minutes=5))
+    joined = await api.post(REGISTER, json={"token": token, "capabilities": CAPABILITIES})
+    box = {**joined.json(), "headers": bearer(joined.json()["credential"])}
+    box_id = box["worker_id"]
+
+    def assign(run: str, epoch: int) -> None:
+        work.assign(JOB, epoch, [Assignment(rank=0, worker_id=box_id, command=COMMAND)], run)
+
+    assert records.reserve_worker(job=JOB, eligible=lambda _: True, run=FIRST) is not None
     assign(FIRST, 2)
+    records.release_job_workers(JOB, FIRST)  # its row is left "assigned"
+    assert work.for_worker(box_id) is None  # an idle worker has no work
+    assert records.reserve_worker(job=JOB, eligible=lambda _: True, run=SECOND) is not None
+    assert work.for_worker(box_id) is None  # the next run has given it none yet
+    assert (await api.get("/v1/work", headers=box["headers"])).status_code == 204
+    heartbeat = await api.post(HEARTBEAT, json={"healthy": True}, headers=box["headers"])
+    assert heartbeat.json().get("work_id") is None, heartbeat.text
     assign(SECOND, 0)
-    current = work.for_worker("box")
+    current = work.for_worker(box_id)
     assert current is not None and (current.run, current.epoch) == (SECOND, 0)
+    answer = await api.get("/v1/work", headers=box["headers"])
+    assert answer.json()["id"] == current.id
+    heartbeat = await api.post(HEARTBEAT, json={"healthy": True}, headers=box["headers"])
+    assert heartbeat.json()["work_id"] == current.id
 
 
 async def test_each_runs_output_is_read_and_capped_on_its_own(api, records: Records):
