@@ -424,11 +424,11 @@ def test_in_memory_sqlite_is_one_database_for_every_session():
 
 
 def test_the_runs_migration_tells_each_rows_run_by_its_machine_and_goes_back(empty: Database):
-    """A deployment at 0008 with two runs of one name: 0009 gives every row the run its VM
+    """A deployment at 0009 with two runs of one name: 0010 gives every row the run its VM
     identity names (work and output through their machine; an estimate names none and keeps
-    ""), lists the runs and counts each run's output on its own; going back to 0008 gives
+    ""), lists the runs and counts each run's output on its own; going back to 0009 gives
     exactly the schema it had."""
-    empty.upgrade("0008_log_usage")
+    empty.upgrade("0009_vm_fences")
     now = utcnow()
     statements = [
         "INSERT INTO vms (id, job, node_index, attempt, vm, provider, region, instance_ids, "
@@ -459,7 +459,7 @@ def test_the_runs_migration_tells_each_rows_run_by_its_machine_and_goes_back(emp
             connection.execute(sa.text(statement), {"now": now})
     before = schema(empty)
 
-    empty.upgrade("0009_runs")
+    empty.upgrade("0010_runs")
 
     def rows(query: str) -> list[tuple[Any, ...]]:
         with empty.engine.connect() as connection:
@@ -480,6 +480,6 @@ def test_the_runs_migration_tells_each_rows_run_by_its_machine_and_goes_back(emp
     assert rows("SELECT run, kept_bytes, dropped_bytes FROM log_usage ORDER BY run") == [
         ("aaaaa1", 10, 0), ("bbbbb2", 39, 100)
     ]  # fmt: skip
-    empty.downgrade("0008_log_usage")
+    empty.downgrade("0009_vm_fences")
     assert schema(empty) == before
     assert rows("SELECT job, kept_bytes, dropped_bytes FROM log_usage") == [("train", 49, 100)]

@@ -121,7 +121,7 @@ def _create_usage(key: list[str], *, with_run: bool) -> None:
 
 def downgrade() -> None:
     """Back to one set of rows per name: this fails where a name has two runs' work for one
-    (epoch, rank), which 0008's schema cannot hold."""
+    (epoch, rank), which 0009's schema cannot hold."""
     connection = op.get_bind()
     usage = connection.execute(
         sa.text(
