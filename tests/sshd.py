@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import os
+import signal
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,29 @@ class TestServer(LocalSshd):
         super().stop()
         if self._server is not None:
             self._server.close()
+        stop_left_behind(self.home)
+
+
+def stop_left_behind(home: Path) -> list[int]:
+    """SIGKILL what the server's sessions left running: a node agent started over SSH daemonises
+    (as on a real node) and would keep retrying a dead API after its test. A process counts as
+    the session's when its command line names the home directory or it runs inside it (the
+    agent's work). Returns the pids it killed."""
+    mark = str(home)
+    killed = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            cwd = os.readlink(entry / "cwd")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if mark in cmdline or cwd == mark or cwd.startswith(mark + "/"):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed.append(int(entry.name))
+    return killed
 
 
 def start_sshd(
