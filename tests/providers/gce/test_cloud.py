@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import email
 import json
-from collections.abc import AsyncIterator
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-import respx
 
 from providers import node_agent
 from providers.base import InstanceSpec, InstanceStatus, Location, NodeBootstrap, Offer
@@ -31,20 +29,6 @@ WAIT = f"{P}/zones/{ZONE}/operations/{bodies.operation('x')['name']}/wait"
 HERE = Location(provider="gce", region="us-central1", zone=ZONE)
 REGION = Location(provider="gce", region="us-central1")
 TOKEN = "join-token-must-stay-secret"
-
-
-@pytest.fixture
-def api() -> respx.MockRouter:
-    return respx.MockRouter(assert_all_called=False)
-
-
-@pytest.fixture
-async def cloud(api: respx.MockRouter) -> AsyncIterator[GceCloud]:
-    config = FakeGce().config(project=bodies.PROJECT, operation_timeout=5)
-    transport = httpx.MockTransport(api.async_handler)
-    built = GceCloud(config, tokens=StaticToken("tkn"), http=httpx.AsyncClient(transport=transport))
-    yield built
-    await built.aclose()
 
 
 def offer(zone: str = ZONE, spot: bool = False, accelerator: str | None = None) -> Offer:

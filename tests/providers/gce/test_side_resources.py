@@ -3,18 +3,14 @@ from Compute Engine's documented `compute#firewallList` answers."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-import respx
 
 from providers.base import InstanceSpec, Location, ResourceRequest
 from providers.errors import ErrorKind, ProviderError
-from providers.gce.auth import StaticToken
-from providers.gce.cloud import GceCloud
 from providers.gce.identity import firewall_name, ports_firewall_name
 from tests.providers.gce import bodies
 from tests.providers.gce.fake_gce import BASE_URL, FakeGce
@@ -56,20 +52,6 @@ def page(items: list[dict[str, Any]], next_token: str | None = None) -> httpx.Re
     if next_token:
         body["nextPageToken"] = next_token
     return httpx.Response(200, json=body)
-
-
-@pytest.fixture
-def api() -> respx.MockRouter:
-    return respx.MockRouter(assert_all_called=False)
-
-
-@pytest.fixture
-async def cloud(api: respx.MockRouter) -> AsyncIterator[GceCloud]:
-    config = FakeGce().config(project=bodies.PROJECT, operation_timeout=5)
-    transport = httpx.MockTransport(api.async_handler)
-    built = GceCloud(config, tokens=StaticToken("tkn"), http=httpx.AsyncClient(transport=transport))
-    yield built
-    await built.aclose()
 
 
 async def test_each_vms_own_rules_are_listed_across_pages(api, cloud):

@@ -3,18 +3,13 @@ instance lists), over respx: Failed, never InvalidRequest, and `notFound` on del
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import httpx
 import pytest
 import respx
 
 from providers.base import Location
 from providers.errors import ErrorKind, ProviderError
-from providers.gce.auth import StaticToken
-from providers.gce.cloud import GceCloud
 from tests.providers.gce import bodies
-from tests.providers.gce.fake_gce import BASE_URL, FakeGce
+from tests.providers.gce.fake_gce import BASE_URL
 
 P = f"{BASE_URL}/projects/{bodies.PROJECT}"
 ZONE, VM, NAME = bodies.ZONE, bodies.VM, bodies.NAME
@@ -33,15 +28,6 @@ BAD_FILTER = bodies.http_error(400, "invalid", "Invalid value for field 'filter'
 @pytest.fixture
 def api() -> respx.MockRouter:
     return respx.MockRouter(assert_all_called=True)
-
-
-@pytest.fixture
-async def cloud(api: respx.MockRouter) -> AsyncIterator[GceCloud]:
-    config = FakeGce().config(project=bodies.PROJECT, operation_timeout=5)
-    http = httpx.AsyncClient(transport=httpx.MockTransport(api.async_handler))
-    built = GceCloud(config, tokens=StaticToken("tkn"), http=http)
-    yield built
-    await built.aclose()
 
 
 async def failure(coroutine: object) -> ProviderError:
