@@ -20,10 +20,15 @@ def api() -> respx.MockRouter:
     return respx.MockRouter(assert_all_called=False)
 
 
-@pytest.fixture
-async def cloud(api: respx.MockRouter) -> AsyncIterator[GceCloud]:
+def respx_cloud(api: respx.MockRouter, access_token: str = "tkn") -> GceCloud:
+    """A GceCloud whose HTTP goes to `api`, holding `access_token`."""
     config = FakeGce().config(project=bodies.PROJECT, operation_timeout=5)
     http = httpx.AsyncClient(transport=httpx.MockTransport(api.async_handler))
-    built = GceCloud(config, tokens=StaticToken("tkn"), http=http)
+    return GceCloud(config, tokens=StaticToken(access_token), http=http)
+
+
+@pytest.fixture
+async def cloud(api: respx.MockRouter) -> AsyncIterator[GceCloud]:
+    built = respx_cloud(api)
     yield built
     await built.aclose()

@@ -12,10 +12,10 @@ import respx
 
 from activities.cloud import CloudActivities, CreateInput
 from providers.base import InstanceSpec, NodeBootstrap, Offer, ResourceRequest
-from providers.gce.auth import StaticToken
 from providers.gce.cloud import GceCloud
 from tests.providers.gce import bodies
-from tests.providers.gce.fake_gce import BASE_URL, FakeGce
+from tests.providers.gce.conftest import respx_cloud
+from tests.providers.gce.fake_gce import BASE_URL
 from tests.providers.scrubbing import activity_failure, assert_scrubbed, echoes, plan_failure
 
 P = f"{BASE_URL}/projects/{bodies.PROJECT}"
@@ -30,9 +30,7 @@ def api() -> respx.MockRouter:
 
 @pytest.fixture
 async def cloud(api: respx.MockRouter) -> AsyncIterator[GceCloud]:
-    config = FakeGce().config(project=bodies.PROJECT, operation_timeout=5)
-    http = httpx.AsyncClient(transport=httpx.MockTransport(api.async_handler))
-    built = GceCloud(config, tokens=StaticToken(ACCESS_TOKEN), http=http)
+    built = respx_cloud(api, ACCESS_TOKEN)
     yield built
     await built.aclose()
 
