@@ -137,6 +137,9 @@ async def test_a_setsid_daemon_is_gone_before_the_next_job_s_assignment_exists(
         assert not cgroup or not os.path.exists(cgroup)  # removed with it
 
         command = RunCommand(run="echo second", env={"WANDB_API_KEY": SECRET})
+        # The worker serves the next job now, as that job's reservation makes it: a worker is
+        # only handed work of the job run it serves.
+        records.set_worker_state(worker_id, "busy", NEXT_JOB)
         work = WorkRecords(records.db)
         work.assign(NEXT_JOB, 0, [Assignment(rank=0, worker_id=worker_id, command=command)])
         second = work.for_worker(worker_id)
