@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,8 +67,19 @@ def stop_left_behind(home: Path) -> list[int]:
     """SIGKILL what the server's sessions left running: a node agent started over SSH daemonises
     (as on a real node) and would keep retrying a dead API after its test. A process counts as
     the session's when its command line names the home directory or it runs inside it (the
-    agent's work). Returns the pids it killed."""
-    mark = str(home)
+    agent's work). Scans again until one finds nothing (a process may be forking as the last
+    scan passes it). Returns the pids it killed."""
+    killed: list[int] = []
+    for scan in range(10):
+        found = _kill_marked(str(home))
+        killed += found
+        if not found and scan > 0:
+            return killed
+        time.sleep(0.1)
+    return killed
+
+
+def _kill_marked(mark: str) -> list[int]:
     killed = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit() or int(entry.name) == os.getpid():
