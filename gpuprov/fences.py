@@ -130,10 +130,6 @@ class VmFences:
             return None
         return row.call_until
 
-    def get(self, vm: str) -> VmFence | None:
-        with self._db.session() as session:
-            return session.exec(select(VmFence).where(col(VmFence.vm) == vm)).first()
-
     def _ensure_row(self, vm: str, now: datetime) -> None:
         with self._db.session() as session:
             if session.exec(select(VmFence.vm).where(VmFence.vm == vm)).first() is not None:

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import inspect
 import json
+import os
+import signal
 import tempfile
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowHandle
 
 from gpuprov.client import GpuprovClient, JobHandle
 from gpuprov.config import FakeInstanceType, FakeProviderConfig, FakeRegion, FaultRule
@@ -170,3 +175,22 @@ def decoded_history(history: Any) -> str:
 
     walk(document)
     return "\n".join(texts)
+
+
+async def start_unanswered_job(client: Client, name: str) -> WorkflowHandle[Any, Any]:
+    """A running ProvisionJob for `name` on a queue no worker polls: its status query never
+    answers, as a stuck job's does. The caller terminates it."""
+    return await client.start_workflow(
+        "ProvisionJob",
+        job(name),
+        id=f"job-{name}",
+        task_queue=f"nobody-{uuid.uuid4().hex[:8]}",
+    )
+
+
+def kill_recorded_pids(folder: Path) -> None:
+    """SIGKILL each process whose pid a file in `folder` holds (what a test's work left
+    running and recorded there), where it is still alive."""
+    for pid_file in folder.iterdir():
+        with contextlib.suppress(ValueError, ProcessLookupError):
+            os.kill(int(pid_file.read_text()), signal.SIGKILL)

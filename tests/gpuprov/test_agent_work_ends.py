@@ -24,6 +24,7 @@ from gpuprov.models import WorkState
 from gpuprov.work import Assignment, RunCommand, WorkRecords
 from tests.gpuprov.test_agent_run import until
 from tests.gpuprov.test_agent_work import JOB, assign, ended, node, work_dir
+from tests.helpers import kill_recorded_pids
 
 SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
@@ -47,9 +48,7 @@ def pid_files(tmp_path: Path) -> Iterator[Path]:
     folder = tmp_path / "pids"
     folder.mkdir()
     yield folder
-    for pid_file in folder.iterdir():
-        with contextlib.suppress(ValueError, ProcessLookupError):
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    kill_recorded_pids(folder)
 
 
 def read(path: Path) -> str:

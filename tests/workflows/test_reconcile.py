@@ -38,6 +38,7 @@ from tests.helpers import (
     fast_cloud,
     job,
     ready_then_release,
+    start_unanswered_job,
     until,
 )
 from workflows.reconcile import Reconcile, ReconcileInput, ReconcileReport
@@ -206,12 +207,7 @@ async def test_a_machine_is_left_alone_while_temporal_cannot_say_who_owns_it(
     """The job's workflow runs, but nothing answers its status query (no worker polls its
     queue): the owner is unknown, so the machine is not deleted."""
     monkeypatch.setattr(reconcile_activities, "TEMPORAL_RPC_TIMEOUT", timedelta(seconds=2))
-    unanswered = await client.start_workflow(
-        "ProvisionJob",
-        job(job_name),
-        id=f"job-{job_name}",
-        task_queue=f"nobody-{uuid.uuid4().hex[:8]}",
-    )
+    unanswered = await start_unanswered_job(client, job_name)
     vm = f"{job_name}-a1-n0-abcdef"
     try:
         async with fake_worker(client, task_queue, fast_cloud(), sqlite_records) as (_, cloud):

@@ -25,7 +25,14 @@ from gpuprov.records import Records
 from providers.base import InstanceSpec, Location, ResourceRequest
 from providers.errors import ErrorKind
 from providers.fake import FakeCloud
-from tests.helpers import assert_nothing_left, fake_worker, fast_cloud, job, ready_then_release
+from tests.helpers import (
+    assert_nothing_left,
+    fake_worker,
+    fast_cloud,
+    job,
+    ready_then_release,
+    start_unanswered_job,
+)
 from tests.workflows.test_reconcile import plant, reconcile
 
 
@@ -155,12 +162,7 @@ async def test_side_resources_are_left_alone_while_their_jobs_owner_is_unknown(
     """No VM row yet (a job prepares before it enrols), and the job the identity names runs
     but answers no query: never delete on doubt, and no orphan record either."""
     monkeypatch.setattr(reconcile_activities, "TEMPORAL_RPC_TIMEOUT", timedelta(seconds=2))
-    unanswered = await client.start_workflow(
-        "ProvisionJob",
-        job(job_name),
-        id=f"job-{job_name}",
-        task_queue=f"nobody-{uuid.uuid4().hex[:8]}",
-    )
+    unanswered = await start_unanswered_job(client, job_name)
     vm = f"{job_name}-a1-n0-abcdef"
     try:
         async with fake_worker(client, task_queue, fast_cloud(), sqlite_records) as (_, cloud):

@@ -5,9 +5,6 @@ agent and with the simulated one, through the real API and the real dev server."
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +15,7 @@ from gpuprov.engine import open_records
 from gpuprov.models import JobState, WorkState
 from gpuprov.records import Records
 from tests.gpuprov.test_agent_work_ends import alive
-from tests.helpers import assert_nothing_left, job
+from tests.helpers import assert_nothing_left, job, kill_recorded_pids
 from tests.workflows.test_work_on_nodes import real_nodes
 
 
@@ -35,9 +32,7 @@ def pids(tmp_path: Path) -> Iterator[Path]:
     folder = tmp_path / "pids"
     folder.mkdir()
     yield folder
-    for pid_file in folder.iterdir():
-        with contextlib.suppress(ValueError, ProcessLookupError):
-            os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    kill_recorded_pids(folder)
 
 
 @pytest.mark.parametrize("agent", ["real", "simulated"])
