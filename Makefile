@@ -47,7 +47,7 @@ test: $(STAMP) $(SSHD) $(NGINX) $(CLOUD_INIT)
 	$(BIN)/pytest -q -n 2
 
 # A job bootstrapped over real SSH on this machine: a throwaway OpenSSH sshd on loopback
-# (gpuprov/local_sshd.py), the node agent started through it. Needs root, like the SSH tests.
+# (gpuprov/cli/local_sshd.py), the node agent started through it. Needs root, like the SSH tests.
 demo-ssh: $(STAMP) $(SSHD)
 	$(BIN)/gpuprov demo-ssh
 

@@ -17,16 +17,16 @@ import sys
 
 from temporalio.client import Client
 
-from gpuprov.arguments import Parser
+from gpuprov.cli.arguments import Parser
 from gpuprov.config import ConfigError, Settings, load_settings
-from gpuprov.db import DatabaseUnavailable
-from gpuprov.engine import (
+from gpuprov.engine.worker import (
     connect,
     metrics_runtime,
     open_records_patiently,
     running_worker,
     start_backoff,
 )
+from gpuprov.store.db import DatabaseUnavailable
 
 
 async def connect_patiently(settings: Settings, stop: asyncio.Event) -> Client | None:

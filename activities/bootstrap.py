@@ -48,7 +48,7 @@ from activities.ssh_keys import (
     fingerprint,
     parse_public_key,
 )
-from gpuprov.records import Records
+from gpuprov.store.records import Records
 from providers import node_agent
 from providers.base import CloudProvider, Model, SshEndpoint
 from providers.errors import ErrorKind, ProviderError

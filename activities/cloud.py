@@ -42,7 +42,7 @@ from activities.heartbeat import Heartbeater
 from activities.observe_hub import ObserveHub
 from activities.redaction import clean, scrubbed
 from activities.ssh_keys import KeyStore, host_key_cloud_config
-from gpuprov.fences import VmFences
+from gpuprov.store.fences import VmFences
 from providers.base import (
     Capabilities,
     CloudProvider,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from gpuprov.records import Records
+from gpuprov.store.records import Records
 from providers.base import Billing, InstanceSpec, NodeBootstrap, Offer
 
 

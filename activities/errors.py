@@ -1,7 +1,7 @@
 """ProviderError <-> Temporal ApplicationError, in one place.
 
 Activities raise `ApplicationError(type=<ErrorKind>, non_retryable=...)` where the policy says
-whether Temporal retries the kind at the source (workflows/policy.py: only Transient), so
+whether Temporal retries the kind at the source (gpuprov/policy.py: only Transient), so
 Temporal's retry policy performs those retries and the workflow's saga handles every other kind.
 The workflow unwraps an `ActivityError` back into a `StepFailure` with the kind, the cloud's
 words and any block-scope override; a timeout becomes the policy's timeout kind. Messages are
@@ -22,16 +22,11 @@ from temporalio.exceptions import (
     TimeoutError,
 )
 
-from providers.errors import BlockScope, ErrorKind, ProviderError
-from workflows import policy
+from gpuprov import policy
+from providers.errors import BlockScope, ErrorKind, ProviderError, truncate
 
-MAX_MESSAGE_CHARS = 2000
 KINDS = {kind.value: kind for kind in ErrorKind}
 SCOPES = {scope.value: scope for scope in BlockScope}
-
-
-def truncate(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
-    return message if len(message) <= limit else message[: limit - 15] + "...(truncated)"
 
 
 def to_application_error(error: ProviderError, step: str | None = None) -> ApplicationError:

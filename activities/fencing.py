@@ -1,4 +1,4 @@
-"""Fenced cloud calls, on the activity side of gpuprov/fences.py.
+"""Fenced cloud calls, on the activity side of gpuprov/store/fences.py.
 
 - `CallFence.holding(vm, step)`: around a prepare or create. It claims the VM identity first:
   refused (Failed, blocking nothing) once the identity's teardown has begun; waits while an
@@ -24,8 +24,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.errors import to_application_error
-from gpuprov.db import utcnow
-from gpuprov.fences import ClaimOutcome, VmFences
+from gpuprov.store.db import utcnow
+from gpuprov.store.fences import ClaimOutcome, VmFences
 from providers.errors import BlockScope, ErrorKind, ProviderError
 
 # A claim lapses this long after its last renewal: how long a dead worker's call blocks the

@@ -30,9 +30,10 @@ from activities.heartbeat import Heartbeater
 from activities.redaction import clean, scrubbed
 from activities.ssh_connect import Endpoint, HostKeyMismatch, connect_verified
 from activities.ssh_keys import KeyStore
-from gpuprov.db import VmRecord
+from gpuprov.contract import HealthInput
 from gpuprov.models import HealthReport
-from gpuprov.records import Records
+from gpuprov.store.db import VmRecord
+from gpuprov.store.records import Records
 from providers.base import (
     CloudProvider,
     Diagnosis,
@@ -50,11 +51,6 @@ from providers.ssh_common import output_text
 PROBE_TIMEOUT = 60.0  # seconds for `agent.py probe` (it bounds nvidia-smi itself)
 CONNECT_TIMEOUT = 15.0
 MAX_TEXT = 300
-
-
-class HealthInput(Model):
-    vm: str
-    expected_gpus: int | None = Field(default=None, ge=0)  # what the node reported at placement
 
 
 class NodesHealthInput(Model):

@@ -20,7 +20,7 @@ from providers.base import Capabilities, Model
 
 class ContextInput(Model):
     reserve: ReserveInput | None = None  # None: provision, never take existing workers (k3s)
-    job: str | None = None  # with `run`: the job's run, recorded first (gpuprov/runs.py)
+    job: str | None = None  # with `run`: the job's run, recorded first (gpuprov/store/runs.py)
     run: str | None = None
 
 

@@ -3,7 +3,7 @@ woken job makes.
 
 - sweep_liveness (run by workflows/liveness.py's WatchWorkers, from the Schedule
   "gpuprov-liveness"): every alive worker not seen for `lost_after_seconds` becomes lost; then
-  every worker whose liveness or health changed since its job was last told (gpuprov/liveness.py)
+  every worker whose liveness or health changed since its job was last told (store/liveness.py)
   gets its job `job-<job>` sent the signal `workers_changed`, through this worker's Temporal
   client (as the reconciler queries jobs), once per job however many of its workers changed. A
   job that is closed or not found is skipped, and the change counts as told: nobody is left to
@@ -28,16 +28,15 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.errors import truncate
-from gpuprov.db import WorkerRecord
-from gpuprov.liveness import Liveness
-from gpuprov.models import WorkerLiveness, workflow_id_for
-from gpuprov.records import Records
+from gpuprov.models import WorkerLiveness
+from gpuprov.sdk.signals import tell_workers_changed
+from gpuprov.store.db import WorkerRecord
+from gpuprov.store.liveness import Liveness
+from gpuprov.store.records import Records
 from providers.base import Model
 
-WORKERS_CHANGED = "workers_changed"  # the job's signal (no payload)
 MAX_NOTIFIED_PER_SWEEP = 1000  # workers; the rest wait for the next sweep
 PARALLEL_SIGNALS = 20
-SIGNAL_RPC_TIMEOUT = timedelta(seconds=10)
 MAX_LINES = 50
 
 
@@ -54,7 +53,7 @@ class SweepReport(Model):
 
 class JobWorkersInput(Model):
     job: str
-    run: str | None = None  # the job's run (gpuprov/runs.py); None: sent before runs were
+    run: str | None = None  # the job's run (gpuprov/store/runs.py); None: sent before runs were
 
 
 def worker_liveness(worker: WorkerRecord) -> WorkerLiveness:
@@ -116,9 +115,8 @@ class LivenessActivities:
     async def _signal(self, job: str) -> bool | None:
         """True: signalled; False: the job is closed or unknown; None: Temporal did not take it
         (logged; the change stays pending)."""
-        handle = self._client.get_workflow_handle(workflow_id_for(job))
         try:
-            await handle.signal(WORKERS_CHANGED, rpc_timeout=SIGNAL_RPC_TIMEOUT)
+            await tell_workers_changed(self._client, job)
         except RPCError as error:
             if error.status is RPCStatusCode.NOT_FOUND:  # closed, or never started
                 return False

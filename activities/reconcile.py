@@ -16,7 +16,7 @@ How it judges each VM found, and each open orphan:
 - kept (`release="keep"`): never touched, the user kept it on purpose;
 - owned: its row's job workflow `job-<job>` is running AND that workflow's status query lists
   the VM among its live nodes. Database and Temporal must agree; when Temporal cannot answer, or
-  the job is stuck (gpuprov/owners.py), the VM is left alone this pass (never delete on doubt).
+  the job is stuck (gpuprov/sdk/owners.py), the VM is left alone this pass (never delete on doubt).
   A VM without a row is asked about the job its identity names (`<job>-a<n>-n<i>-<tag>`): a job
   prepares a node's side resources before the node's row exists, and lists the node live then;
 - otherwise an orphan once older than the grace period: age from the VM row's created_at, or,
@@ -47,9 +47,9 @@ from temporalio.client import Client
 from activities.errors import truncate
 from activities.heartbeat import Heartbeater
 from activities.store import record_possible_orphan
-from gpuprov.db import OrphanRecord, VmRecord, utcnow
-from gpuprov.owners import Standing, job_situation
-from gpuprov.records import Records
+from gpuprov.sdk.owners import Standing, job_situation
+from gpuprov.store.db import OrphanRecord, VmRecord, utcnow
+from gpuprov.store.records import Records
 from providers.base import CloudProvider, Location, Model, Observed
 from providers.errors import ProviderError, redact
 

@@ -1,6 +1,6 @@
 """await_registrations: a job waits here until each of its nodes' agents has registered.
 
-Registration belongs to the API (gpuprov/api.py): it redeems the node's single-use join token
+Registration belongs to the API (gpuprov/api/app.py): it redeems the node's single-use join token
 and records a worker row bound to the token's VM. Nothing a node says reaches the workflow
 directly, and no Temporal Update is involved (a job of hundreds of nodes would run into the
 server's limit of in-flight Updates per workflow): this heartbeating activity reads the rows the
@@ -28,7 +28,7 @@ from temporalio import activity
 from activities.errors import classified
 from activities.heartbeat import Heartbeater
 from gpuprov.models import WorkerCapabilities, WorkerRegistration
-from gpuprov.records import Records
+from gpuprov.store.records import Records
 from providers.base import Model
 from providers.errors import BlockScope, ErrorKind, ProviderError
 

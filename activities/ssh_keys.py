@@ -2,7 +2,7 @@
 
 The client key is the deployment's credential for logging in to nodes. Configured
 (`[ssh] client_key` or `client_key_file`), every worker has the same one; otherwise a worker
-generates one in its own directory, which serves a single worker (gpuprov/engine.py refuses to
+generates one in its own directory, which serves a single worker (gpuprov/engine/worker.py will not
 start a worker whose generated key is not the one the deployment already uses):
 
     <dir>/                     0700   (only without a configured key)
@@ -16,7 +16,7 @@ Host-key trust, strongest first:
 (b) the cloud reports a fingerprint (SshEndpoint.host_key_fingerprint);
 (c) neither: the first key seen is pinned (`pin`) and every later contact must match it.
 
-Pins are public and live in the database (`HostKeyPins`, gpuprov/ssh_records.py), so any worker
+Pins are public and live in the database (`HostKeyPins`, gpuprov/store/ssh_records.py): any worker
 verifies any VM; the first pin of a VM wins and is never replaced. A VM's injected host key is
 not stored anywhere: it is derived from the client key and the VM's name (`derive_host_key`), so
 every worker holding the deployment's key makes the same key for the same VM (a create retried
@@ -125,7 +125,7 @@ def host_key_cloud_config(host_key: asyncssh.SSHKey, authorized_keys: list[str])
 
 
 class HostKeyPins(Protocol):
-    """Where pins live: the database (gpuprov.ssh_records.SshRecords), shared by every worker."""
+    """Where pins live: the database (store.ssh_records.SshRecords), shared by every worker."""
 
     def pin_host_key(self, vm: str, public_key: str) -> str: ...
 

@@ -4,7 +4,7 @@
   idle, compatible existing workers (atomic per worker, so two jobs never get the same one).
 - active_blocks / record_block: blocks shared by every job until they expire.
 - record_cost: the estimate written when an attempt starts (a machine's actual is written
-  by `Records.vm_terminated` when it is confirmed gone: gpuprov/costs.py).
+  by `Records.vm_terminated` when it is confirmed gone: gpuprov/store/costs.py).
 - mark_vm: VM row status as teardown confirms it; a terminated VM's worker is revoked.
 - mark_placed: at ready, the job's workers become busy and its VM rows running.
 - record_orphan: a termination that did not confirm; the reconciler keeps trying (a new
@@ -26,9 +26,9 @@ from pydantic import Field
 from temporalio import activity
 
 from activities import metrics
-from gpuprov.db import OrphanRecord
 from gpuprov.models import Block, BlockScope, ExistingWorker, NodeInstance, WorkerCapabilities
-from gpuprov.records import Records
+from gpuprov.store.db import OrphanRecord
+from gpuprov.store.records import Records
 from providers.base import Location, Model, PriceQuote, ResourceRequest, compatibility_reasons
 from providers.errors import ErrorKind
 
@@ -37,7 +37,7 @@ class ReserveInput(Model):
     job: str
     request: ResourceRequest
     nodes: int
-    run: str | None = None  # the job's run (gpuprov/runs.py); None: sent before runs were
+    run: str | None = None  # the job's run (gpuprov/store/runs.py); None: sent before runs were
 
 
 class BlockInput(Model):
@@ -50,7 +50,7 @@ class CostInput(Model):
     kind: str = "estimate"
     quote: PriceQuote
     provider: str | None = None  # the offer's provider, for `gpuprov cost` per provider
-    run: str | None = None  # the job's run (gpuprov/runs.py); None: sent before runs were
+    run: str | None = None  # the job's run (gpuprov/store/runs.py); None: sent before runs were
 
 
 class VmStatusInput(Model):
@@ -79,7 +79,7 @@ class ResolveInput(Model):
 
 class ReleaseInput(Model):
     job: str
-    run: str | None = None  # the job's run (gpuprov/runs.py); None: sent before runs were
+    run: str | None = None  # the job's run (gpuprov/store/runs.py); None: sent before runs were
 
 
 class ReleasedWorkers(Model):

@@ -1,5 +1,5 @@
 """The job's side of its work, as local bookkeeping activities: assign an epoch's work to the
-nodes, ask it to stop, give it up, and read how it stands (gpuprov/work.py); each of the job's
+nodes, ask it to stop, give it up, and read how it stands (gpuprov/store/work.py); each of the job's
 own run only."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pydantic import Field
 from temporalio import activity
 
 from gpuprov.models import NodeWork
-from gpuprov.work import Assignment, WorkRecords
+from gpuprov.store.work import Assignment, WorkRecords
 from providers.base import Model
 
 
@@ -18,13 +18,13 @@ class AssignInput(Model):
     job: str
     epoch: int = Field(ge=0)
     assignments: list[Assignment] = Field(min_length=1)
-    run: str | None = None  # the job's run (gpuprov/runs.py); None: sent before runs were
+    run: str | None = None  # the job's run (gpuprov/store/runs.py); None: sent before runs were
 
 
 class EpochInput(Model):
     job: str
     epoch: int = Field(ge=0)
-    run: str | None = None  # the job's run (gpuprov/runs.py); None: sent before runs were
+    run: str | None = None  # the job's run (gpuprov/store/runs.py); None: sent before runs were
 
 
 class WorkActivities:

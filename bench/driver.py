@@ -2,7 +2,7 @@
 the JSON result on stdout).
 
 It submits every job at once and releases each as soon as it is ready, the way a service using
-`gpuprov.client` would, from outside the worker's process. In the worker's process it would take
+`gpuprov.sdk.client` would, from outside the worker's process. In the worker's process it would take
 the worker's CPU and its interpreter lock (about a tenth of a job's worker time at 200 jobs),
 which is not gpuprov's cost. Clock readings are `time.time()` on the same machine as the server.
 """
@@ -16,9 +16,9 @@ import time
 
 from pydantic import BaseModel, Field
 
-from gpuprov import search_attributes
-from gpuprov.client import GpuprovClient
+from gpuprov import contract
 from gpuprov.models import JobSpec
+from gpuprov.sdk.client import GpuprovClient
 
 # How often the driver looks for ready jobs to release (one list call for all of them).
 DETECT_INTERVAL = 0.2
@@ -73,9 +73,7 @@ async def _release_when_ready(
     queries would load the worker being measured: queries run on the worker)."""
     temporal = client.temporal
     queue = f"TaskQueue = '{request.task_queue}'"
-    ready_query = (
-        f"{queue} AND {search_attributes.STATE.name} = 'ready' AND ExecutionStatus = 'Running'"
-    )
+    ready_query = f"{queue} AND {contract.STATE.name} = 'ready' AND ExecutionStatus = 'Running'"
     closed_query = f"{queue} AND ExecutionStatus != 'Running'"
     names = set(request.names)
 

@@ -18,7 +18,7 @@ from temporalio import activity, workflow
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from gpuprov import search_attributes
+from gpuprov import contract
 
 STEP = timedelta(seconds=30)
 
@@ -28,12 +28,12 @@ async def floor_step(step: str) -> str:
     return step
 
 
-@workflow.defn(name="ProvisionJob")
+@workflow.defn(name=contract.PROVISION_JOB)
 class FloorJob:
     def __init__(self) -> None:
         self._released = False
 
-    @workflow.signal
+    @workflow.signal(name=contract.JOB_RELEASE)
     def release(self) -> None:
         self._released = True
 
@@ -41,7 +41,7 @@ class FloorJob:
     async def run(self, spec: dict[str, Any]) -> str:
         for step in ("plan", "launch", "wait_running"):
             await workflow.execute_activity(floor_step, step, start_to_close_timeout=STEP)
-        workflow.upsert_search_attributes([search_attributes.STATE.value_set("ready")])
+        workflow.upsert_search_attributes([contract.STATE.value_set("ready")])
         await workflow.wait_condition(lambda: self._released)
         await workflow.execute_activity(floor_step, "retire", start_to_close_timeout=STEP)
         return str(spec.get("name"))

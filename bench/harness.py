@@ -28,12 +28,12 @@ from temporalio.testing import WorkflowEnvironment
 from bench.cloud import TimedCloud
 from bench.cpu import CpuTimes, cpu_now
 from bench.driver import DriverRequest, DriverResult
-from gpuprov import search_attributes
-from gpuprov.binaries import temporal_binary
-from gpuprov.client import GpuprovClient
+from gpuprov import contract
 from gpuprov.config import FakeProviderConfig, JobsSettings, TemporalSettings
-from gpuprov.converter import PYDANTIC_DATA_CONVERTER
-from gpuprov.engine import build_worker, open_records
+from gpuprov.engine.binaries import temporal_binary
+from gpuprov.engine.worker import build_worker, open_records
+from gpuprov.sdk.client import GpuprovClient
+from gpuprov.sdk.converter import PYDANTIC_DATA_CONVERTER
 
 HISTORY_FETCHES = 16  # concurrent fetch_history calls after a batch
 
@@ -60,7 +60,7 @@ async def dev_server() -> AsyncIterator[Client]:
         runtime=Runtime(telemetry=TelemetryConfig(logging=quiet)),
         dev_server_existing_path=temporal_binary(),
         data_converter=PYDANTIC_DATA_CONVERTER,
-        search_attributes=list(search_attributes.ALL),
+        search_attributes=list(contract.SEARCH_ATTRIBUTES),
         dev_server_log_level="error",
     )
     try:
@@ -96,7 +96,7 @@ async def bench_worker(
     """An in-process gpuprov worker on a fresh task queue, a fresh fake cloud and a fresh
     SQLite database in a temp dir (blocks from one scenario never steer the next)."""
     with tempfile.TemporaryDirectory(prefix="gpuprov-bench-") as data_dir:
-        records = open_records(f"sqlite:///{data_dir}/gpuprov.db")
+        records = open_records(f"sqlite:///{data_dir}/gpuprov.store.db")
         cloud = TimedCloud(config, trace=trace)
         task_queue = f"bench-{uuid.uuid4().hex[:10]}"
         worker = build_worker(
@@ -225,7 +225,7 @@ def apply_history(timing: JobTiming, history: WorkflowHistory) -> None:
         when = event.event_time.seconds + event.event_time.nanos / 1e9
         if event.event_type == EventType.EVENT_TYPE_UPSERT_WORKFLOW_SEARCH_ATTRIBUTES:
             fields = event.upsert_workflow_search_attributes_event_attributes.search_attributes
-            state = fields.indexed_fields.get(search_attributes.STATE.name)
+            state = fields.indexed_fields.get(contract.STATE.name)
             if state is not None and json.loads(state.data) == "ready":
                 timing.ready = when
         elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:

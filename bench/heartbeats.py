@@ -1,6 +1,6 @@
 """Heartbeats at scale: N agents heartbeating against one API process.
 
-- The API is `python -m gpuprov.cli api` itself, in its own process, on a fresh SQLite database
+- The API is `python -m gpuprov.cli.main api` itself, in its own process, on a fresh SQLite database
   (the embedded default) in a temp dir, listening on loopback, `[workers]
   heartbeat_interval_seconds` set to the scenario's interval.
 - N workers are registered straight into that database beforehand, each with its credential
@@ -30,9 +30,9 @@ from pathlib import Path
 import httpx
 
 from bench.heartbeat_load import LoadRequest, LoadResult
-from gpuprov.credentials import issue_worker_credential
-from gpuprov.dev import free_port
-from gpuprov.engine import open_records
+from gpuprov.cli.dev import free_port
+from gpuprov.engine.worker import open_records
+from gpuprov.store.credentials import issue_worker_credential
 
 BURST_AGENTS = 50  # concurrent agents of the unpaced phase: enough to keep one process busy
 READY_TIMEOUT = 60.0
@@ -189,7 +189,7 @@ async def _phase(api_pid: int, request: LoadRequest) -> Phase:
 async def heartbeats(agents: int, interval: float, seconds: float, burst: float) -> HeartbeatRun:
     run = HeartbeatRun(agents=agents, interval=interval, seconds=seconds, burst_seconds=burst)
     with tempfile.TemporaryDirectory(prefix="gpuprov-bench-hb-") as directory:
-        database_url = f"sqlite:///{directory}/gpuprov.db"
+        database_url = f"sqlite:///{directory}/gpuprov.store.db"
         credentials = Path(directory) / "credentials"
         await asyncio.to_thread(register_workers, database_url, agents, credentials)
         port = free_port()
@@ -202,7 +202,7 @@ async def heartbeats(agents: int, interval: float, seconds: float, burst: float)
             "GPUPROV_WORKERS__LOST_AFTER_SECONDS": str(3 * interval),
         }
         api = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "gpuprov.cli", "api",
+            sys.executable, "-m", "gpuprov.cli.main", "api",
             env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         try:

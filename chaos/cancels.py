@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 from temporalio.api.enums.v1 import EventType
 
 from chaos.report import Check
-from gpuprov.client import GpuprovError, JobNotFound
 from gpuprov.config import FaultRule
 from gpuprov.models import JobState, JobStatus
+from gpuprov.sdk.client import GpuprovError, JobNotFound
 from providers.errors import ErrorKind
 
 if TYPE_CHECKING:

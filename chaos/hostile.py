@@ -31,7 +31,7 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 from chaos.report import Check
-from gpuprov import search_attributes
+from gpuprov import contract
 from gpuprov.models import JobState
 from providers.fake import FakeCloudState
 
@@ -134,7 +134,7 @@ async def start_hostile(run: ChaosRun, job: JobRun) -> None:
 
     async def start() -> None:
         await client.start_workflow(
-            "ProvisionJob", payload, id=job.workflow_id, task_queue=run.task_queue
+            contract.PROVISION_JOB, payload, id=job.workflow_id, task_queue=run.task_queue
         )
 
     job.submitted_wall = time.time()
@@ -184,7 +184,7 @@ async def _judge(run: ChaosRun, job: JobRun, case: Case) -> list[str]:
     description = await run.retrying(f"describe {job.name}", handle.describe)
     if description.status is not WorkflowExecutionStatus.FAILED:
         problems.append(f"it ended {description.status}")
-    state = description.typed_search_attributes.get(search_attributes.STATE)
+    state = description.typed_search_attributes.get(contract.STATE)
     if state != JobState.FAILED.value:
         problems.append(f"GpuprovState is {state!r}, not failed")
     history = await run.retrying(f"history of {job.name}", handle.fetch_history)

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from sqlmodel import col, select
 
 from chaos.mix import Work
-from gpuprov.db import Database, WorkRecord
 from gpuprov.models import WorkState
-from gpuprov.work import UNFINISHED, WorkRecords
+from gpuprov.store.db import Database, WorkRecord
+from gpuprov.store.work import UNFINISHED, WorkRecords
 from providers.fake import FakeCloudState
 
 POLL = 0.2

@@ -22,8 +22,8 @@ from chaos.mix import (
     assign_roles,
     mid_step_rule,
 )
-from gpuprov.client import JobHandle
 from gpuprov.models import JobSpec, JobStatus
+from gpuprov.sdk.client import JobHandle
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 import sqlalchemy as sa
 
 from chaos.processes import STOP_GRACE, Child, preexec
-from gpuprov.dev import free_port
+from gpuprov.cli.dev import free_port
 
 PG_BIN = Path(os.environ.get("GPUPROV_PG_BIN", "/usr/lib/postgresql/15/bin"))
 SERVER_USER = "postgres"

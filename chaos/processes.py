@@ -23,9 +23,9 @@ from pathlib import Path
 
 from temporalio.client import Client
 
-from gpuprov import search_attributes
-from gpuprov.binaries import temporal_binary
-from gpuprov.codec import data_converter
+from gpuprov import contract
+from gpuprov.engine.binaries import temporal_binary
+from gpuprov.sdk.codec import data_converter
 
 REPO = Path(__file__).resolve().parents[1]
 STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL on a normal stop
@@ -147,7 +147,7 @@ class DevServer(Child):
             "--headless",
             "--log-level",
             "error",
-            *search_attributes.dev_server_args(),
+            *contract.dev_server_args(),
         ]
         super().__init__("temporal dev server", args, data_dir / "temporal.log")
 

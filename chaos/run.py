@@ -57,14 +57,14 @@ from chaos.report import Check, JobOutcome, Summary
 from chaos.runs import judge_largest, judge_runs
 from chaos.stalls import THRESHOLD, JobTimes, find_stalls, stall_lines
 from chaos.workers import OTHER, SPREAD_JOBS_PER_WORKER, polling_pids, tasks_by_worker
-from gpuprov import search_attributes
-from gpuprov.api import create_app, serving
-from gpuprov.client import GpuprovClient, GpuprovError, JobAlreadyExists, JobHandle, JobNotFound
-from gpuprov.db import WorkRecord
-from gpuprov.dev import free_port
-from gpuprov.engine import open_records
-from gpuprov.models import JobState
-from gpuprov.records import Records
+from gpuprov import contract
+from gpuprov.api.app import create_app, serving
+from gpuprov.cli.dev import free_port
+from gpuprov.engine.worker import open_records
+from gpuprov.models import JobState, workflow_id_for
+from gpuprov.sdk.client import GpuprovClient, GpuprovError, JobAlreadyExists, JobHandle, JobNotFound
+from gpuprov.store.db import WorkRecord
+from gpuprov.store.records import Records
 from providers.fake import FakeCloudState
 
 # Work rows in these states still say a node is (or may be) running the job's work.
@@ -107,7 +107,7 @@ class ChaosRun:
         )
         self.data_dir = Path(tempfile.mkdtemp(prefix="gpuprov-chaos-"))
         self.task_queue = f"chaos-{options.seed}-{uuid.uuid4().hex[:8]}"
-        self.database_url = f"sqlite:///{self.data_dir / 'gpuprov.db'}"
+        self.database_url = f"sqlite:///{self.data_dir / 'gpuprov.store.db'}"
         self.state_path = self.data_dir / "fake-cloud.db"
         self.config_path = self.data_dir / "gpuprov.toml"  # with the fault rules
         self.calm_config_path = self.data_dir / "gpuprov-calm.toml"  # without
@@ -293,8 +293,10 @@ class ChaosRun:
             return {job.name for job in self.plan.jobs if job.submitted_at and not job.state}
 
         async def wake(name: str) -> None:
-            handle = client.get_workflow_handle(f"job-{name}")
-            await self.retrying(f"wake {name}", lambda: handle.signal("workers_changed"), 60)
+            handle = client.get_workflow_handle(workflow_id_for(name))
+            await self.retrying(
+                f"wake {name}", lambda: handle.signal(contract.JOB_WORKERS_CHANGED), 60
+            )
 
         self.player = NodePlayer(
             self.records.db, str(self.state_path), works, open_jobs, wake, self.event
@@ -461,7 +463,7 @@ class ChaosRun:
                     job = by_id.get(execution.id)
                     if job is None or job.submitted_at is None:
                         continue
-                    state = execution.typed_search_attributes.get(search_attributes.STATE)
+                    state = execution.typed_search_attributes.get(contract.STATE)
                     if execution.status in CLOSED and not job.state:
                         await self._confirm_closed(job)
                     else:
@@ -480,7 +482,7 @@ class ChaosRun:
         """Describe is authoritative (visibility may lag); it also carries the job's state."""
         assert self.client is not None
         description = await self.client.get_workflow_handle(job.workflow_id).describe()
-        state = description.typed_search_attributes.get(search_attributes.STATE)
+        state = description.typed_search_attributes.get(contract.STATE)
         was = job.state
         if description.close_time is not None:
             job.closed_wall = description.close_time.timestamp()
@@ -703,15 +705,15 @@ class ChaosRun:
     async def _reconcile_once(self) -> None:
         summary = self.summary
         try:
-            from gpuprov import engine
-            from workflows.reconcile import ReconcileInput
+            from gpuprov.contract import ReconcileInput
+            from gpuprov.engine import worker as engine
         except Exception as error:
             summary.reconcile = f"reconciler unavailable: cannot import it ({error})"
             return
         names = {getattr(w, "__temporal_workflow_definition").name for w in engine.WORKFLOWS}
-        if "Reconcile" not in names:
+        if contract.RECONCILE not in names:
             summary.reconcile = (
-                "reconciler unavailable: no workflow named Reconcile in gpuprov.engine.WORKFLOWS"
+                f"reconciler unavailable: no workflow named {contract.RECONCILE} among the worker's"
             )
             return
         assert self.client is not None
@@ -720,7 +722,7 @@ class ChaosRun:
         self.event(f"reconcile pass {workflow_id}")
         try:
             report = await client.execute_workflow(
-                "Reconcile",
+                contract.RECONCILE,
                 ReconcileInput(grace_seconds=0),
                 id=workflow_id,
                 task_queue=self.task_queue,
@@ -811,7 +813,7 @@ def _waits_line(times: list[JobTimes], timed_out: set[str]) -> str:
 
 def _report_type() -> Any:
     try:
-        from workflows.reconcile import ReconcileReport
+        from gpuprov.contract import ReconcileReport
     except ImportError:
         return None
     return ReconcileReport

@@ -18,8 +18,8 @@ import os
 import sys
 import uuid
 
-from gpuprov.client import GpuprovClient, GpuprovError, JobSpec, JobState, JobStatus
 from gpuprov.models import Resources
+from gpuprov.sdk.client import GpuprovClient, GpuprovError, JobSpec, JobState, JobStatus
 
 
 def training_job(name: str) -> JobSpec:

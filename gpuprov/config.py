@@ -33,6 +33,7 @@ from pydantic import (
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from gpuprov import contract
 from gpuprov.models import format_validation_error, read_bounded_text
 from providers import config_models
 from providers.base import Model
@@ -65,7 +66,7 @@ class ConfigError(ValueError):
 
 
 class TemporalTlsSettings(Model):
-    """TLS to the Temporal frontend (`[temporal.tls]`; gpuprov/connection.py reads it).
+    """TLS to the Temporal frontend (`[temporal.tls]`; gpuprov/sdk/connection.py reads it).
 
     Each PEM comes from a file (`*_file`) or inline (the PEM text itself, e.g. from
     GPUPROV_TEMPORAL__TLS__CLIENT_KEY in a container's secret environment), never both.
@@ -111,7 +112,7 @@ def check_address(address: str) -> str:
 class TemporalSettings(Model):
     address: Annotated[str, Field(max_length=255), AfterValidator(check_address)] = "localhost:7233"
     namespace: str = Field(default="default", min_length=1, max_length=255)
-    task_queue: str = Field(default="gpuprov", min_length=1, max_length=255)
+    task_queue: str = Field(default=contract.DEFAULT_TASK_QUEUE, min_length=1, max_length=255)
     tls: TemporalTlsSettings = Field(default_factory=TemporalTlsSettings)
     # Temporal Cloud's API-key authentication (sent as a bearer token; TLS turns on with it):
     # inline (GPUPROV_TEMPORAL__API_KEY) or a file holding only the key.
@@ -256,7 +257,7 @@ class K3sSettings(Model):
 
 
 class ReconcileSettings(Model):
-    """The orphan reconciler's Schedule (gpuprov/schedules.py, applied by `gpuprov setup`,
+    """The orphan reconciler's Schedule (gpuprov/engine/schedules.py, applied by `gpuprov setup`,
     `gpuprov schedules apply` and `gpuprov dev`)."""
 
     # One pass this often (overlaps are skipped).
@@ -266,7 +267,7 @@ class ReconcileSettings(Model):
 
 
 class WorkersSettings(Model):
-    """Worker liveness (gpuprov/liveness.py): how often agents heartbeat (the API tells them),
+    """Worker liveness (gpuprov/store/liveness.py): how often agents heartbeat (the API tells them),
     when a silent one is lost, and how often the `gpuprov-liveness` Schedule sweeps."""
 
     heartbeat_interval_seconds: float = Field(default=30.0, gt=0, le=3600)
@@ -311,7 +312,7 @@ EncryptionKey = Annotated[SecretStr, AfterValidator(_check_encryption_key)]
 
 
 class CodecSettings(Model):
-    """Payload encryption (gpuprov/codec.py) and the codec server the Temporal UI calls.
+    """Payload encryption (gpuprov/sdk/codec.py) and the codec server the Temporal UI calls.
 
     `keys` maps a key id to base64 of 32 random bytes; `active_key` names the key new payloads
     are encrypted with (None: nothing new is encrypted, but the keys still decrypt). Keep old
@@ -429,7 +430,7 @@ class Settings(Model):
 
     @property
     def database_url(self) -> str:
-        return self.database.url or f"sqlite:///{self.temporal.data_dir}/gpuprov.db"
+        return self.database.url or f"sqlite:///{self.temporal.data_dir}/gpuprov.store.db"
 
 
 def _parse_env_value(raw: str) -> Any:

@@ -300,6 +300,30 @@ class WorkerCapabilities(Model):
         )
 
 
+def capabilities_text(capabilities: WorkerCapabilities) -> str:
+    """One line: GPUs by model, driver/CUDA, CPUs, memory, disk, and the runtime verdict."""
+    names = [gpu.name for gpu in capabilities.gpus]
+    gpus = ", ".join(f"{names.count(name)} x {name}" for name in dict.fromkeys(names)) or "no GPU"
+    parts = [gpus]
+    if capabilities.driver_version:
+        parts.append(f"driver {capabilities.driver_version}")
+    if capabilities.cuda_version:
+        parts.append(f"CUDA {capabilities.cuda_version}")
+    for value, unit in (
+        (capabilities.cpu_count, "CPUs"),
+        (capabilities.memory_gb, "GiB memory"),
+        (capabilities.disk_gb, "GiB disk"),
+    ):
+        if value is not None:
+            parts.append(f"{value:g} {unit}")
+    verdict = (
+        "GPU runtime OK"
+        if capabilities.gpu_runtime_ok
+        else f"GPU runtime NOT OK: {capabilities.gpu_runtime_error}"
+    )
+    return f"{'; '.join(parts)}; {verdict}"
+
+
 class WorkerRegistration(Model):
     """The Update the API sends a job when its node registers: ids and capabilities only,
     never the token (accepted Update arguments are stored in history)."""
@@ -487,7 +511,7 @@ class JobStatus(Model):
     """Everything the status query answers: where the job is, what it tried, what it holds."""
 
     name: str
-    # The run of the name (gpuprov/runs.py): every row this run wrote carries it, and
+    # The run of the name (gpuprov/store/runs.py): every row this run wrote carries it, and
     # `gpuprov status|logs|cost NAME --run RUN` shows an earlier run by it.
     run: str | None = None
     state: JobState = JobState.QUEUED

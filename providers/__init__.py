@@ -32,7 +32,9 @@ class Cloud:
 
 CLOUDS: dict[str, Cloud] = {
     "fake": Cloud("providers.fake.cloud:FakeCloud", "providers.fake.config:FakeProviderConfig"),
-    "lambda": Cloud("providers.lambda.cloud:LambdaCloud", "providers.lambda.config:LambdaConfig"),
+    "lambda": Cloud(
+        "providers.lambdalabs.cloud:LambdaCloud", "providers.lambdalabs.config:LambdaConfig"
+    ),
     "runpod": Cloud("providers.runpod.cloud:RunPodCloud", "providers.runpod.config:RunPodConfig"),
     "vast": Cloud("providers.vast.cloud:VastCloud", "providers.vast.config:VastConfig"),
     "prime": Cloud("providers.prime.cloud:PrimeCloud", "providers.prime.config:PrimeConfig"),

@@ -1,7 +1,7 @@
 """The provider contract: the one interface every cloud implements, and its typed records.
 
 Nothing above this module knows a cloud's name. The core calls these primitives through
-`activities/cloud.py` and decides what to do with their failures in `workflows/policy.py`.
+`activities/cloud.py` and decides what to do with their failures in `gpuprov/policy.py`.
 
 | primitive | must | must not |
 | --- | --- | --- |

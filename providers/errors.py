@@ -2,7 +2,7 @@
 
 Adapters classify every failure into one `ErrorKind` (a table of codes per cloud, never string
 matching on messages) and raise `ProviderError`. What each kind *does* is decided in exactly one
-place, `workflows/policy.py`.
+place, `gpuprov/policy.py`.
 
 A message carries the cloud's words whole: adapters neither cut nor scrub it. The core scrubs
 every secret in play out of it (`redact`, in activities/redaction.py) and only then shortens it,
@@ -101,3 +101,12 @@ def redact(text: str, secrets: Iterable[str]) -> str:
         parts += [text[last:start], REDACTED]
         last = end
     return "".join([*parts, text[last:]])
+
+
+# Longest cloud message kept in a failure, a block or a status line.
+MAX_MESSAGE_CHARS = 2000
+
+
+def truncate(message: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    """`message`, cut to `limit` characters with a marker saying so."""
+    return message if len(message) <= limit else message[: limit - 15] + "...(truncated)"

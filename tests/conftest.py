@@ -13,11 +13,11 @@ import pytest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from gpuprov import search_attributes
-from gpuprov.binaries import temporal_binary
-from gpuprov.converter import PYDANTIC_DATA_CONVERTER
-from gpuprov.db import Database
-from gpuprov.records import Records
+from gpuprov import contract
+from gpuprov.engine.binaries import temporal_binary
+from gpuprov.sdk.converter import PYDANTIC_DATA_CONVERTER
+from gpuprov.store.db import Database
+from gpuprov.store.records import Records
 from tests.postgres import postgres_scratch, postgres_url  # noqa: F401  (fixtures)
 
 # Real cloud credentials in the developer's environment must never reach a test: adapters under
@@ -40,7 +40,7 @@ async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
         data_converter=PYDANTIC_DATA_CONVERTER,
-        search_attributes=list(search_attributes.ALL),
+        search_attributes=list(contract.SEARCH_ATTRIBUTES),
     )
     yield env
     await env.shutdown()
@@ -71,7 +71,7 @@ def job_name(request: pytest.FixtureRequest) -> str:
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh, empty database per test, on SQLite (a file) and on the session's PostgreSQL."""
     if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'gpuprov.db'}"
+        yield f"sqlite:///{tmp_path / 'gpuprov.store.db'}"
         return
     scratch = request.getfixturevalue("postgres_scratch")
     url = scratch.create()

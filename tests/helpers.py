@@ -19,11 +19,11 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 
-from gpuprov.client import GpuprovClient, JobHandle
 from gpuprov.config import FakeInstanceType, FakeProviderConfig, FakeRegion, FaultRule
-from gpuprov.engine import build_worker, open_records
+from gpuprov.engine.worker import build_worker, open_records
 from gpuprov.models import JobSpec, JobState, JobStatus
-from gpuprov.records import Records
+from gpuprov.sdk.client import GpuprovClient, JobHandle
+from gpuprov.store.records import Records
 from providers.fake import FakeCloud, FakeCloudState
 
 # Two regions; r1 has two zones at the same price, r2 is dearer. Offers, in the order a job
@@ -83,7 +83,7 @@ async def fake_worker(
 ) -> AsyncIterator[tuple[GpuprovClient, FakeCloud]]:
     """A worker with the fake cloud and a real database (a fresh SQLite file unless given)."""
     with tempfile.TemporaryDirectory(prefix="gpuprov-test-") as data_dir:
-        own_records = records or open_records(f"sqlite:///{data_dir}/gpuprov.db")
+        own_records = records or open_records(f"sqlite:///{data_dir}/gpuprov.store.db")
         cloud = cloud_type(config, shuffle_offers=shuffle_offers)
         worker = build_worker(
             client, task_queue, {"fake": cloud}, own_records, api_url=api_url, sandboxed=sandboxed

@@ -8,7 +8,7 @@ starts the node agent the way the unit starts it, and the control-plane API it r
   node path (`/etc/gpuprov`, `/usr/local/lib/gpuprov`, `/var/lib/gpuprov`) moved under `root`,
   with `path` as PATH (put a fake nvidia-smi first). ExecStart's subcommand `run` (the daemon)
   becomes `register` (register once and exit), so a test sees the outcome.
-- `serving_api(records)`: the real API (gpuprov/api.py) on a free loopback port.
+- `serving_api(records)`: the real API (gpuprov/api/app.py) on a free loopback port.
 - `booting_nodes(created, directory)`: plays the machines of a cloud whose fake keeps the
   create requests: each machine's user data booted as above, its agent started.
 - `agent_stack(...)`: a worker plus the API its nodes register with (and the SSH bootstrap for
@@ -29,11 +29,11 @@ from typing import Any
 from temporalio.client import Client
 
 from activities.ssh_keys import KeyStore
-from gpuprov.api import create_app, serving
-from gpuprov.client import GpuprovClient
-from gpuprov.engine import build_worker, open_records
-from gpuprov.records import Records
-from gpuprov.ssh_records import SshRecords
+from gpuprov.api.app import create_app, serving
+from gpuprov.engine.worker import build_worker, open_records
+from gpuprov.sdk.client import GpuprovClient
+from gpuprov.store.records import Records
+from gpuprov.store.ssh_records import SshRecords
 from providers import node_agent
 from providers.base import CloudProvider
 from tests import cloudinit
@@ -172,7 +172,7 @@ async def agent_stack(
     """A worker over `providers` with a fresh SQLite database and the real API its nodes
     register with, running the SSH bootstrap for the providers in `ssh_bootstrap` (what
     their sections say in production)."""
-    records = open_records(f"sqlite:///{directory / 'gpuprov.db'}")
+    records = open_records(f"sqlite:///{directory / 'gpuprov.store.db'}")
     keys = KeyStore(SshRecords(records.db), directory=directory / "worker-ssh")
     try:
         async with serving_api(records) as api_url:

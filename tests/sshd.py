@@ -1,6 +1,6 @@
 """Real SSH servers on loopback for tests: OpenSSH's sshd, and an asyncssh server.
 
-`start_sshd(directory)` is gpuprov/local_sshd.py's (the launcher `gpuprov demo-ssh` uses too):
+`start_sshd(directory)` is gpuprov/cli/local_sshd.py's (the launcher `gpuprov demo-ssh` uses too):
 `/usr/sbin/sshd -D -f <its own config>` on a free 127.0.0.1 port with its own ed25519 host key,
 authorized_keys and PidFile, all inside `directory` (`StrictModes no`, since they live under a
 temp dir). Sessions get `HOME=<directory>/home` (sshd's `SetEnv`), so what a test installs "in
@@ -30,8 +30,8 @@ from pathlib import Path
 import asyncssh
 import pytest
 
-from gpuprov import local_sshd
-from gpuprov.local_sshd import LocalSshd, SshdUnavailable, free_port, generate_keys
+from gpuprov.cli import local_sshd
+from gpuprov.cli.local_sshd import LocalSshd, SshdUnavailable, free_port, generate_keys
 
 __all__ = [
     "LocalSshd",
@@ -99,7 +99,7 @@ def _kill_marked(mark: str) -> list[int]:
 def start_sshd(
     directory: Path, authorized: list[asyncssh.SSHKey] | None = None, rsa_too: bool = False
 ) -> TestServer:
-    """gpuprov.local_sshd.start_sshd, failing the test (never skipping it) where sshd cannot
+    """gpuprov.cli.local_sshd.start_sshd, failing the test (never skipping it) where sshd cannot
     run here."""
     try:
         server = local_sshd.start_sshd(directory, authorized, rsa_too)

@@ -18,8 +18,8 @@ import pytest
 import yaml
 from sqlalchemy.engine import make_url
 
-from gpuprov import cli
-from gpuprov.api import create_app
+from gpuprov.api.app import create_app
+from gpuprov.cli import main as cli
 from gpuprov.config import CONFIG_ENV, ENV_PREFIX, Settings, TemporalSettings, load_settings
 
 REPO = Path(__file__).resolve().parents[1]

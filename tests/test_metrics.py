@@ -16,9 +16,9 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 
 from gpuprov import metrics
+from gpuprov.cli.dev import free_port
 from gpuprov.config import ConfigError, FaultRule, MetricsSettings
-from gpuprov.dev import free_port
-from gpuprov.engine import metrics_runtime
+from gpuprov.engine.worker import metrics_runtime
 from gpuprov.models import JobState
 from providers.errors import ErrorKind
 from tests.helpers import OFFER_A, fake_worker, fast_cloud, job, ready_then_release

@@ -18,7 +18,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
 with workflow.unsafe.imports_passed_through():
-    from gpuprov.engine import WORKFLOWS
+    from gpuprov.engine.worker import WORKFLOWS
     from gpuprov.models import JobStatus
     from tests.histories.record import HERE, SCENARIOS
     from workflows.intake import NO_INPUT

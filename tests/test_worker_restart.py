@@ -16,12 +16,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpuprov.api import create_app, serving
-from gpuprov.client import GpuprovClient
-from gpuprov.dev import free_port
-from gpuprov.engine import open_records
+from gpuprov.api.app import create_app, serving
+from gpuprov.cli.dev import free_port
+from gpuprov.engine.worker import open_records
 from gpuprov.models import JobState
-from gpuprov.records import Records
+from gpuprov.sdk.client import GpuprovClient
+from gpuprov.store.records import Records
 from providers.fake import FakeCloudState
 from tests.helpers import creates_by_node, eventually, job, until
 
@@ -61,7 +61,7 @@ class Stack:
 
 @asynccontextmanager
 async def stack(client, task_queue: str, tmp_path: Path, fake: str) -> AsyncIterator[Stack]:
-    database = f"sqlite:///{tmp_path / 'gpuprov.db'}"
+    database = f"sqlite:///{tmp_path / 'gpuprov.store.db'}"
     records = open_records(database)
     port = free_port()
     config = tmp_path / "gpuprov.toml"

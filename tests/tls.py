@@ -35,7 +35,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from gpuprov.dev import free_port
+from gpuprov.cli.dev import free_port
 
 SERVER_NAME = "temporal.test"
 NGINX = "/usr/sbin/nginx"

@@ -6,7 +6,7 @@ agent has registered (activities/registrations.py) and check its reported capabi
 node's one undo (`teardown.retire`) is pushed *before* its first step, because a create can land
 even when its response is lost. A job of several nodes keeps a barrier: every node is prepared
 (has its place) before any machine is created and paid for. Any failure propagates as
-StepFailure; the job decides (workflows/policy.py) what to do with it.
+StepFailure; the job decides (gpuprov/policy.py) what to do with it.
 """
 
 from __future__ import annotations
@@ -21,20 +21,13 @@ with workflow.unsafe.imports_passed_through():
     from activities.cloud import CloudActivities, CreateInput, PrepareInput, VmInput
     from activities.errors import StepFailure
     from activities.registrations import AwaitInput, RegistrationActivities
+    from gpuprov.contract import vm_run_tag
     from gpuprov.models import Attempt, JobSpec, NodeInstance
     from providers.base import Capabilities, InstanceSpec, compatibility_reasons
     from providers.errors import ErrorKind
     from workflows import teardown
     from workflows.compensation import Compensation, CompensationStack
     from workflows.steps import run_all, run_step
-
-
-def vm_run_tag(run_id: str) -> str:
-    """Six hex digits from the random end of the job's first run id (UUIDv7 starts with a
-    timestamp). A job name can be submitted again once its job ended; the tag keeps each run's
-    VM identities, rows and cloud labels apart, so nothing of an earlier run is ever adopted.
-    It stays the same across resets and continue-as-new."""
-    return run_id.replace("-", "")[-6:]
 
 
 class AttemptSaga:

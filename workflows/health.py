@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import asyncio
 
-from pydantic import Field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.errors import StepFailure
-    from activities.health import HealthActivities, HealthInput
+    from activities.health import HealthActivities
+    from gpuprov import contract
+    from gpuprov.contract import HealthInput, HealthRequest
     from gpuprov.models import HealthReport
-    from providers.base import Finding, Model, Severity, Verdict
+    from providers.base import Finding, Severity, Verdict
     from workflows.steps import run_step
-
-
-class HealthRequest(Model):
-    checks: list[HealthInput] = Field(default_factory=list)
 
 
 async def check(request: HealthInput) -> HealthReport:
@@ -31,7 +28,7 @@ async def check(request: HealthInput) -> HealthReport:
         return HealthReport(vm=request.vm, verdict=Verdict.DEGRADED, findings=[finding])
 
 
-@workflow.defn(name="CheckHealth")
+@workflow.defn(name=contract.CHECK_HEALTH)
 class CheckHealth:
     @workflow.run
     async def run(self, request: HealthRequest) -> list[HealthReport]:

@@ -5,7 +5,7 @@
 2. existing workers: one local activity reads the providers' capabilities and the shared blocks
    and reserves idle, compatible existing workers for every node (all or none);
 3. provision, when it got none (workflows/provisioning.py): plan, rank, try offers as saga
-   attempts within `provisioning_timeout_seconds`, failing over per workflows/policy.py;
+   attempts within `provisioning_timeout_seconds`, failing over per gpuprov/policy.py;
 4. placed: the k3s profile where the spec asks for it; the job's workers busy, its VM rows
    running; the job is `ready`;
 5. serve: a lease (no `run`) waits for `release`; a job with `run` gives every node its work and
@@ -38,7 +38,7 @@ with workflow.unsafe.imports_passed_through():
     import workflows.running as running
     import workflows.teardown as teardown
     from activities.errors import StepFailure
-    from activities.health import HealthActivities, HealthInput, NodesHealthInput
+    from activities.health import HealthActivities, NodesHealthInput
     from activities.job_context import ContextInput, JobContextActivities
     from activities.liveness import JobWorkersInput, LivenessActivities
     from activities.store import (
@@ -49,7 +49,8 @@ with workflow.unsafe.imports_passed_through():
         VmStatusInput,
     )
     from activities.work import AssignInput, EpochInput, WorkActivities
-    from gpuprov import search_attributes
+    from gpuprov import contract
+    from gpuprov.contract import HealthInput, vm_run_tag
     from gpuprov.models import (
         AttemptOutcome,
         Block,
@@ -63,7 +64,6 @@ with workflow.unsafe.imports_passed_through():
     )
     from providers.base import Capabilities
     from providers.errors import ErrorKind
-    from workflows.attempt import vm_run_tag
     from workflows.compensation import (
         Compensation,
         CompensationStack,
@@ -93,12 +93,12 @@ class NodeLost(Exception):
     """Internal: a node of the running job was lost or reclaimed."""
 
 
-@workflow.defn(name="ProvisionJob")
+@workflow.defn(name=contract.PROVISION_JOB)
 class ProvisionJob:
     def __init__(self) -> None:
         info = workflow.info()
         # The run every row this job writes belongs to, and the only one it reads: a name
-        # submitted again is a new run and starts clean (gpuprov/runs.py).
+        # submitted again is a new run and starts clean (gpuprov/store/runs.py).
         self._run = vm_run_tag(info.first_execution_run_id)
         self._status = JobStatus(name=job_name_of(info.workflow_id), run=self._run)
         self._release_requested = False
@@ -111,15 +111,15 @@ class ProvisionJob:
         self._next_check: datetime | None = None
         self._work_assigned = False  # this run handed the current epoch's work to the nodes
 
-    @workflow.query
+    @workflow.query(name=contract.JOB_STATUS)
     def status(self) -> JobStatus:
         return self._status
 
-    @workflow.signal
+    @workflow.signal(name=contract.JOB_RELEASE)
     def release(self) -> None:
         self._release_requested = True
 
-    @workflow.signal(name="workers_changed")
+    @workflow.signal(name=contract.JOB_WORKERS_CHANGED)
     def workers_changed(self) -> None:
         """Something about a node changed in the database: look again. Anyone who can reach
         Temporal may send it; it changes nothing by itself."""
@@ -181,11 +181,11 @@ class ProvisionJob:
         events; a job started another way (the temporal CLI, another SDK) gets them here."""
         present = workflow.info().typed_search_attributes
         missing = []
-        if present.get(search_attributes.STATE) is None:
-            missing.append(search_attributes.STATE.value_set(JobState.QUEUED.value))
+        if present.get(contract.STATE) is None:
+            missing.append(contract.STATE.value_set(JobState.QUEUED.value))
         gpu = self._spec.resources.gpu
-        if gpu and present.get(search_attributes.GPU) is None:
-            missing.append(search_attributes.GPU.value_set(gpu))
+        if gpu and present.get(contract.GPU) is None:
+            missing.append(contract.GPU.value_set(gpu))
         if missing:
             workflow.upsert_search_attributes(missing)
 
@@ -534,7 +534,7 @@ class ProvisionJob:
 
     def _set_state(self, state: JobState, waiting_for: str | None = None) -> None:
         if state is not self._status.state:  # each upsert is a history event
-            workflow.upsert_search_attributes([search_attributes.STATE.value_set(state.value)])
+            workflow.upsert_search_attributes([contract.STATE.value_set(state.value)])
             metrics.job_state(state)
         self._status.state = state
         self._status.waiting_for = waiting_for

@@ -1,5 +1,5 @@
 """WatchWorkers: one liveness sweep, started by the Temporal Schedule "gpuprov-liveness"
-(gpuprov/schedules.py) every `[workers] sweep_every_seconds`. Deterministic only.
+(gpuprov/engine/schedules.py) every `[workers] sweep_every_seconds`. Deterministic only.
 
 Its one step, `sweep_liveness` (activities/liveness.py), marks the workers that missed their
 heartbeats for `lost_after_seconds` lost and sends `workers_changed` to the job of every worker
@@ -9,22 +9,18 @@ this run; the next one starts over (nothing is lost: a change stays pending unti
 
 from __future__ import annotations
 
-from pydantic import Field
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from activities.errors import StepFailure
     from activities.liveness import LivenessActivities, SweepInput, SweepReport
-    from providers.base import Model
+    from gpuprov import contract
+    from gpuprov.contract import WatchInput
     from workflows.steps import run_step
 
 
-class WatchInput(Model):
-    lost_after_seconds: float = Field(default=90.0, gt=0)
-
-
-@workflow.defn(name="WatchWorkers")
+@workflow.defn(name=contract.WATCH_WORKERS)
 class WatchWorkers:
     @workflow.run
     async def run(self, request: WatchInput) -> SweepReport:

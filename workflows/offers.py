@@ -8,31 +8,19 @@ from __future__ import annotations
 
 import asyncio
 
-from pydantic import Field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
     from activities.cloud import CloudActivities, PlanInput
     from activities.errors import StepFailure
-    from providers.base import Model, Offer, ResourceRequest
+    from gpuprov import contract
+    from gpuprov.contract import OffersQuery, OffersResult
+    from providers.base import Offer
     from workflows.selection import rank_offers
     from workflows.steps import run_step
 
 
-class OffersQuery(Model):
-    request: ResourceRequest
-    nodes: int = 1
-    max_hourly_cost: float | None = None
-
-
-class OffersResult(Model):
-    offers: list[Offer] = Field(default_factory=list)
-    rejected: list[str] = Field(default_factory=list)
-    errors: list[str] = Field(default_factory=list)  # "provider: kind at plan: message"
-    skipped: dict[str, str] = Field(default_factory=dict)  # configured but not built, and why
-
-
-@workflow.defn(name="PlanOffers")
+@workflow.defn(name=contract.PLAN_OFFERS)
 class PlanOffers:
     @workflow.run
     async def run(self, query: OffersQuery) -> OffersResult:

@@ -3,7 +3,7 @@
 Plan on every enabled provider in parallel, skip offers under a block, rank the rest cheapest
 first (workflows/selection.py), and try them in that order, one saga attempt each
 (workflows/attempt.py): record an estimate, bring every node up and wait for its agent's
-registration. A failure is decided by `workflows/policy.py`: unwind the attempt's compensations
+registration. A failure is decided by `gpuprov/policy.py`: unwind the attempt's compensations
 (LIFO), block what it says (shared with every job until the block expires), abort, or move on
 to the next offer. When other jobs' blocks cover every offer left, wait for the first to lapse
 and plan again. The winning attempt's compensation stack (`stack`) is the job's to unwind at
@@ -22,13 +22,14 @@ from dataclasses import dataclass, field
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
+    import gpuprov.policy as policy
     import workflows.metrics as metrics
-    import workflows.policy as policy
     import workflows.report as report
     from activities.cloud import CloudActivities, PlanInput
     from activities.errors import StepFailure
     from activities.store import BlockInput, CostInput, StoreActivities
-    from gpuprov import search_attributes
+    from gpuprov import contract
+    from gpuprov.contract import vm_run_tag
     from gpuprov.models import (
         Attempt,
         AttemptOutcome,
@@ -39,7 +40,7 @@ with workflow.unsafe.imports_passed_through():
         JobStatus,
     )
     from providers.base import Capabilities, Offer
-    from workflows.attempt import AttemptSaga, vm_run_tag
+    from workflows.attempt import AttemptSaga
     from workflows.compensation import (
         Compensation,
         CompensationStack,
@@ -166,13 +167,13 @@ class Provisioning:
         self.stack = CompensationStack()
         metrics.offer_tried(offer)
         placement = [
-            search_attributes.PROVIDER.value_set(offer.provider),
-            search_attributes.REGION.value_set(offer.region),
+            contract.PROVIDER.value_set(offer.provider),
+            contract.REGION.value_set(offer.region),
         ]
         if self.status.state is not JobState.PROVISIONING:
             # The first offer tried: the job moves to provisioning in the same upsert (each
             # upsert is an event, and a visibility write on the server).
-            placement.append(search_attributes.STATE.value_set(JobState.PROVISIONING.value))
+            placement.append(contract.STATE.value_set(JobState.PROVISIONING.value))
             metrics.job_state(JobState.PROVISIONING)
             self.status.state = JobState.PROVISIONING
         workflow.upsert_search_attributes(placement)

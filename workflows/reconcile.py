@@ -1,5 +1,5 @@
 """Reconcile: the orphan sweeper, started every few minutes by the Temporal Schedule
-"gpuprov-reconcile" (gpuprov/schedules.py). Deterministic only.
+"gpuprov-reconcile" (gpuprov/engine/schedules.py). Deterministic only.
 
 1. survey (activities/reconcile.py): every machine carrying the gpuprov identity in every
    location in use; keep those that no live job owns (database and Temporal agree) and that are
@@ -22,7 +22,6 @@ import contextlib
 from collections.abc import Awaitable, Iterator
 from typing import TypeVar
 
-from pydantic import Field
 from temporalio import workflow
 from temporalio.exceptions import ApplicationError
 
@@ -32,8 +31,10 @@ with workflow.unsafe.imports_passed_through():
     from activities.errors import StepFailure
     from activities.reconcile import Candidate, ReconcileActivities, SurveyInput
     from activities.store import ResolveInput, StoreActivities
+    from gpuprov import contract
+    from gpuprov.contract import ReconcileInput, ReconcileReport
     from gpuprov.models import NodeInstance
-    from providers.base import Capabilities, Model
+    from providers.base import Capabilities
     from workflows.steps import run_step
 
 MAX_PARALLEL = 10
@@ -41,30 +42,12 @@ T = TypeVar("T")
 MAX_LINES = 50
 
 
-class ReconcileInput(Model):
-    grace_seconds: float = Field(default=600.0, ge=0)  # younger machines are left alone
-    provider: str | None = None  # only this provider; None = every enabled one
-    job: str | None = None  # only this job's VM rows and their open orphans; None = everything
-
-
-class ReconcileReport(Model):
-    found: int = 0  # orphans recorded for the first time by this pass
-    deleted: int = 0  # candidates the cloud still showed, now confirmed gone
-    resolved: int = 0  # orphan records closed: gone and cleaned up
-    still_open: int = 0  # suspects left for a later pass (young, backing off, failed, ...)
-    errors: list[str] = Field(default_factory=list)
-    left_open: list[str] = Field(default_factory=list)  # "vm: why" (first 50)
-    deleted_vms: list[str] = Field(default_factory=list)  # the `deleted` ones (first 50)
-    gone_vms: list[str] = Field(default_factory=list)  # already gone, now closed (first 50)
-    kept_vms: list[str] = Field(default_factory=list)  # one job's pass: kept, not touched
-
-
-@workflow.defn(name="Reconcile")
+@workflow.defn(name=contract.RECONCILE)
 class Reconcile:
     def __init__(self) -> None:
         self._report = ReconcileReport()
 
-    @workflow.query
+    @workflow.query(name=contract.RECONCILE_REPORT)
     def report(self) -> ReconcileReport:
         return self._report
 

@@ -22,7 +22,7 @@ from gpuprov.models import (
     WorkerLiveness,
     WorkState,
 )
-from gpuprov.work import Assignment, RunCommand
+from gpuprov.store.work import Assignment, RunCommand
 from providers.base import Verdict
 
 MAX_TAIL_LINES = 20

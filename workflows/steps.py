@@ -32,9 +32,9 @@ with workflow.unsafe.imports_passed_through():
     from activities.registrations import RegistrationActivities
     from activities.store import StoreActivities
     from activities.work import WorkActivities
+    from gpuprov import policy
+    from gpuprov.policy import Stage
     from providers.base import Capabilities
-    from workflows import policy
-    from workflows.policy import Stage
 
 SHORT_STEP = timedelta(seconds=30)
 CLOUD_STEP = timedelta(minutes=5)

@@ -15,6 +15,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.cloud import CloudActivities, VmInput
     from activities.errors import StepFailure
     from activities.store import OrphanInput, StoreActivities
+    from gpuprov import contract
     from gpuprov.models import NodeInstance
     from providers.base import Capabilities
     from workflows.steps import in_rounds, run_step
@@ -52,6 +53,6 @@ async def _retire_once(node: NodeInstance, hints: Capabilities) -> None:
 async def record_orphan(node: NodeInstance, error: str) -> None:
     # Only the reconciler's tries count toward its backoff: a job's record, repeated when its
     # local activity runs again, must not push the next pass's try back by minutes.
-    retried = workflow.info().workflow_type == "Reconcile"
+    retried = workflow.info().workflow_type == contract.RECONCILE
     request = OrphanInput(node=node, error=error, retried=retried)
     await run_step(StoreActivities.record_orphan, request)

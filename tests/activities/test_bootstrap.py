@@ -39,11 +39,11 @@ from activities.bootstrap import (
     start_command,
 )
 from activities.ssh_keys import KeyStore
-from gpuprov.api import create_app, serving
-from gpuprov.db import JoinToken, WorkerRecord
-from gpuprov.engine import open_records
-from gpuprov.records import Records
-from gpuprov.ssh_records import SshRecords
+from gpuprov.api.app import create_app, serving
+from gpuprov.engine.worker import open_records
+from gpuprov.store.db import JoinToken, WorkerRecord
+from gpuprov.store.records import Records
+from gpuprov.store.ssh_records import SshRecords
 from providers import node_agent
 from providers.base import SshEndpoint
 from tests.helpers import decoded_history, eventually
@@ -126,7 +126,7 @@ async def control_plane(records: Records) -> AsyncIterator[ControlPlane]:
 @pytest.fixture
 def records(tmp_path: Path) -> Records:
     """SQLite only: bootstrap's database use is mint_token and reads (tested on both elsewhere)."""
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
     records.record_vm(
         job=JOB, node_index=0, attempt=1, vm=VM, provider="ssh", region="owned", zone=None
     )

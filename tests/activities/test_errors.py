@@ -21,8 +21,8 @@ from activities.errors import (
     truncate,
     unwrap,
 )
+from gpuprov.policy import Stage
 from providers.errors import BlockScope, ErrorKind, ProviderError
-from workflows.policy import Stage
 
 
 @pytest.mark.parametrize("kind", list(ErrorKind))

@@ -9,9 +9,9 @@ from datetime import timedelta
 from pathlib import Path
 
 from activities.store import ReserveInput, StoreActivities
-from gpuprov.client import OffersQuery
-from gpuprov.engine import open_records
+from gpuprov.engine.worker import open_records
 from gpuprov.models import JobState, WorkerCapabilities
+from gpuprov.sdk.client import OffersQuery
 from providers.base import ResourceRequest
 from tests.helpers import assert_nothing_left, fake_worker, fast_cloud, job, until
 
@@ -91,7 +91,7 @@ async def test_a_job_without_image_or_ports_makes_no_port_rule(client, task_queu
 
 
 async def test_an_existing_worker_is_not_reserved_for_a_job_naming_an_image(tmp_path: Path):
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
     capabilities = WorkerCapabilities.model_validate(
         {"gpus": [{"name": "NVIDIA H100 80GB HBM3"}] * 8, "gpu_runtime_ok": True}
     ).model_dump(mode="json")

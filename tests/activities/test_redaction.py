@@ -12,9 +12,10 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.cloud import CloudActivities, CreateInput, PlanInput, VmInput
 from activities.errors import MAX_MESSAGE_CHARS
-from activities.health import HealthActivities, HealthInput
+from activities.health import HealthActivities
 from activities.redaction import scrubbed, secrets_in_play
 from activities.ssh_keys import host_key_cloud_config
+from gpuprov.contract import HealthInput
 from providers.base import (
     CloudProvider,
     Diagnosis,

@@ -7,14 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from activities.registrations import ControlPlaneProbe
-from gpuprov.api import create_app, serving
-from gpuprov.engine import open_records
+from gpuprov.api.app import create_app, serving
+from gpuprov.engine.worker import open_records
 from tests.sshd import free_port
 from tests.tls import Pki
 
 
 async def test_the_probe_trusts_the_apis_private_ca_and_sees_an_outage_without_it(tmp_path: Path):
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
     pki = Pki(tmp_path / "pki")
     port = free_port()
     tls = {

@@ -25,9 +25,9 @@ from activities.ssh_keys import (
     parse_public_key,
     read_client_key,
 )
-from gpuprov.db import Database
-from gpuprov.records import Records
-from gpuprov.ssh_records import SshRecords
+from gpuprov.store.db import Database
+from gpuprov.store.records import Records
+from gpuprov.store.ssh_records import SshRecords
 from tests.gpuprov.test_records import snapshot
 
 VM = "job-a1-n0-abc123"

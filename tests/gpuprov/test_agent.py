@@ -24,11 +24,11 @@ import pytest
 
 from gpuprov import agent
 from gpuprov.agent import AgentError, parse_gpus, probe, register
-from gpuprov.api import create_app, serving
-from gpuprov.credentials import Credentials
-from gpuprov.dev import free_port
+from gpuprov.api.app import create_app, serving
+from gpuprov.cli.dev import free_port
 from gpuprov.models import GpuInfo, WorkerCapabilities
-from gpuprov.records import Records
+from gpuprov.store.credentials import Credentials
+from gpuprov.store.records import Records
 from providers.base import ResourceRequest, compatibility_reasons
 from tests.gpuprov.test_api import vm_token, worker_rows
 

@@ -20,7 +20,7 @@ import pytest
 import respx
 
 from gpuprov import agent
-from gpuprov.dev import free_port
+from gpuprov.cli.dev import free_port
 from providers.fake import agent as fake_agent
 from providers.fake import node
 from tests.gpuprov.test_agent_run import (

@@ -23,11 +23,11 @@ from pathlib import Path
 import pytest
 
 from gpuprov import agent
-from gpuprov.api import create_app, serving
+from gpuprov.api.app import create_app, serving
+from gpuprov.cli.dev import free_port
 from gpuprov.config import WorkersSettings
-from gpuprov.dev import free_port
-from gpuprov.liveness import Liveness
-from gpuprov.records import Records
+from gpuprov.store.liveness import Liveness
+from gpuprov.store.records import Records
 from providers.base import InstanceSpec, NodeBootstrap
 from providers.fake import node
 from providers.userdata import JOIN_ENV_PATH, user_data

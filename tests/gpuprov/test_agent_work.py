@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 
 from gpuprov import agent
-from gpuprov.api import create_app, serving
+from gpuprov.api.app import create_app, serving
+from gpuprov.cli.dev import free_port
 from gpuprov.config import JobsSettings, WorkersSettings
-from gpuprov.dev import free_port
-from gpuprov.logs import Lines, LogRecords
 from gpuprov.models import WorkState
-from gpuprov.records import Records
-from gpuprov.work import Assignment, RunCommand, WorkRecords
+from gpuprov.store.logs import Lines, LogRecords
+from gpuprov.store.records import Records
+from gpuprov.store.work import Assignment, RunCommand, WorkRecords
 from tests.gpuprov.test_agent_run import PYTHONS, Daemon, install, join_env, start, stop, until
 from tests.gpuprov.test_api import JOB, VM, vm_token
 

@@ -21,7 +21,7 @@ import pytest
 
 from gpuprov import agent
 from gpuprov.models import WorkState
-from gpuprov.work import Assignment, RunCommand, WorkRecords
+from gpuprov.store.work import Assignment, RunCommand, WorkRecords
 from tests.gpuprov.test_agent_run import until
 from tests.gpuprov.test_agent_work import JOB, assign, ended, node, work_dir
 from tests.helpers import kill_recorded_pids

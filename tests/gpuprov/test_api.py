@@ -17,11 +17,11 @@ import pytest
 import sqlalchemy as sa
 from fastapi import FastAPI
 
-from gpuprov.api import MAX_BODY_BYTES, create_app
-from gpuprov.credentials import sha256
-from gpuprov.db import JoinToken, WorkerCredential, utcnow
+from gpuprov.api.app import MAX_BODY_BYTES, create_app
 from gpuprov.models import WorkerCapabilities
-from gpuprov.records import Records
+from gpuprov.store.credentials import sha256
+from gpuprov.store.db import JoinToken, WorkerCredential, utcnow
+from gpuprov.store.records import Records
 
 REGISTER = "/v1/workers/register"
 TABLES = {"vms", "join_tokens", "cost_records", "blocks", "workers", "orphans"}
@@ -267,7 +267,7 @@ async def test_forged_identity_claims_are_ignored_and_logged(
         "label": "x",
     }
 
-    with caplog.at_level(logging.WARNING, logger="gpuprov.api"):
+    with caplog.at_level(logging.WARNING, logger="gpuprov.api.app"):
         response = await api.post(REGISTER, json=body(token, identity=claims))
 
     assert response.status_code == 200, response.text
@@ -302,7 +302,7 @@ async def test_matching_identity_claims_are_not_logged(
     token = vm_token(records)
     claims = {"provider": "fake", "region": "r1", "job": JOB, "vm": VM}
 
-    with caplog.at_level(logging.WARNING, logger="gpuprov.api"):
+    with caplog.at_level(logging.WARNING, logger="gpuprov.api.app"):
         response = await api.post(REGISTER, json=body(token, identity=claims))
 
     assert response.status_code == 200, response.text
@@ -318,7 +318,7 @@ async def test_a_label_token_claiming_a_job_stays_an_idle_existing_worker(
     token = records.mint_token(label=LABEL, ttl=TTL)
     claims = {"job": JOB, "vm": VM, "provider": "fake", "region": "r1", "label": "other"}
 
-    with caplog.at_level(logging.WARNING, logger="gpuprov.api"):
+    with caplog.at_level(logging.WARNING, logger="gpuprov.api.app"):
         response = await api.post(REGISTER, json=body(token, identity=claims))
 
     assert response.status_code == 200, response.text

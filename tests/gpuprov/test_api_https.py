@@ -19,11 +19,11 @@ import httpx
 import pytest
 
 from gpuprov import agent
-from gpuprov.api import create_app, serving
-from gpuprov.credentials import Credentials
-from gpuprov.dev import free_port
-from gpuprov.pem import SettingError
-from gpuprov.records import Records
+from gpuprov.api.app import create_app, serving
+from gpuprov.cli.dev import free_port
+from gpuprov.sdk.pem import SettingError
+from gpuprov.store.credentials import Credentials
+from gpuprov.store.records import Records
 from tests.gpuprov.test_agent import AGENT_FILE, H100X8, agent_env, install_nvidia_smi
 from tests.gpuprov.test_api import LABEL, TTL, snapshot
 from tests.tls import Pki

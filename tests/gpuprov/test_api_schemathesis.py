@@ -34,10 +34,10 @@ from schemathesis.specs.openapi.checks import (
 )
 from sqlmodel import select
 
-from gpuprov.api import RegisterRequest, create_app
-from gpuprov.auth import AuthFailures
-from gpuprov.db import Database, JoinToken, utcnow
-from gpuprov.records import Records
+from gpuprov.api.app import RegisterRequest, create_app
+from gpuprov.api.auth import AuthFailures
+from gpuprov.store.db import Database, JoinToken, utcnow
+from gpuprov.store.records import Records
 from tests.gpuprov.test_api import CAPABILITIES, REGISTER, snapshot
 
 MAX_EXAMPLES = 60
@@ -80,7 +80,7 @@ def _operations() -> list[Any]:
 @pytest.fixture
 def records(tmp_path: Path) -> Iterator[Records]:
     """A migrated SQLite file (shadows conftest's SQLite + PostgreSQL `records`)."""
-    database = Database(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    database = Database(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
     database.upgrade()
     yield Records(database)
     database.dispose()

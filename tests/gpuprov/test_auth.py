@@ -1,4 +1,4 @@
-"""Who may call the control-plane API (gpuprov/auth.py), over HTTP in-process (httpx's ASGI
+"""Who may call the control-plane API (gpuprov/api/auth.py), over HTTP in-process (httpx's ASGI
 transport) on SQLite and PostgreSQL: every endpoint declares its caller; operator endpoints want
 a live operator API key, worker endpoints a live worker credential; a refused call is 401 and
 changes nothing in the database; an address (or a secret) that keeps getting refused is
@@ -13,11 +13,11 @@ import pytest
 from fastapi import FastAPI
 from fastapi.routing import APIRoute
 
-from gpuprov import auth
-from gpuprov.api import create_app
-from gpuprov.auth import AuthFailures
-from gpuprov.credentials import Credentials
-from gpuprov.records import Records
+from gpuprov.api import auth
+from gpuprov.api.app import create_app
+from gpuprov.api.auth import AuthFailures
+from gpuprov.store.credentials import Credentials
+from gpuprov.store.records import Records
 from tests.gpuprov.in_process import OTHER_CALLER, client_for
 from tests.gpuprov.test_api import (
     LABEL,

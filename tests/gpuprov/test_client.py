@@ -1,4 +1,4 @@
-"""The Python SDK (gpuprov.client) against the session's real dev server and a fake-cloud worker:
+"""The Python SDK (gpuprov.sdk.client) on the session's real dev server and a fake-cloud worker:
 connect, submit, status, waits, release, cancel, list by search attributes, and errors that say
 what went wrong."""
 
@@ -9,7 +9,10 @@ import time
 
 import pytest
 
-from gpuprov.client import (
+from gpuprov.cli.dev import free_port
+from gpuprov.config import FaultRule
+from gpuprov.models import AttemptOutcome, JobState, JobStatus
+from gpuprov.sdk.client import (
     GpuprovClient,
     GpuprovError,
     JobAlreadyExists,
@@ -17,9 +20,6 @@ from gpuprov.client import (
     JobNotFound,
     JobSummary,
 )
-from gpuprov.config import FaultRule
-from gpuprov.dev import free_port
-from gpuprov.models import AttemptOutcome, JobState, JobStatus
 from providers.errors import ErrorKind
 from tests.helpers import OFFER_A, assert_nothing_left, fake_worker, fast_cloud, job
 

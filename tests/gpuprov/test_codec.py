@@ -1,4 +1,4 @@
-"""Payload encryption (gpuprov/codec.py), its settings, and the codec server for the UI.
+"""Payload encryption (gpuprov/sdk/codec.py), its settings, and the codec server for the UI.
 
 The end-to-end tests run whole jobs on the session's real dev server with a client and a worker
 that both use the codec converter, and look at the raw history: nothing of the job spec is
@@ -24,9 +24,13 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.converter import DefaultFailureConverterWithEncodedAttributes
 from temporalio.exceptions import ApplicationError
 
-from gpuprov.api import serving
-from gpuprov.client import GpuprovClient
-from gpuprov.codec import (
+from gpuprov.api.app import serving
+from gpuprov.api.codec_server import create_codec_app, endpoint_url, ui_origins
+from gpuprov.cli.dev import dev_stack, free_port
+from gpuprov.config import CodecSettings, ConfigError, FaultRule, Settings, load_settings
+from gpuprov.models import JobSpec, JobState
+from gpuprov.sdk.client import GpuprovClient
+from gpuprov.sdk.codec import (
     ENCODING,
     KEY_ID,
     EncryptionCodec,
@@ -34,11 +38,7 @@ from gpuprov.codec import (
     data_converter,
     generate_key,
 )
-from gpuprov.codec_server import create_codec_app, endpoint_url, ui_origins
-from gpuprov.config import CodecSettings, ConfigError, FaultRule, Settings, load_settings
-from gpuprov.converter import PYDANTIC_DATA_CONVERTER
-from gpuprov.dev import dev_stack, free_port
-from gpuprov.models import JobSpec, JobState
+from gpuprov.sdk.converter import PYDANTIC_DATA_CONVERTER
 from providers.errors import ErrorKind
 from tests.helpers import fake_worker, fast_cloud, job
 

@@ -17,8 +17,8 @@ from gpuprov.config import (
     Settings,
     load_settings,
 )
-from gpuprov.engine import node_ca_pem
-from gpuprov.pem import SettingError
+from gpuprov.engine.worker import node_ca_pem
+from gpuprov.sdk.pem import SettingError
 from providers.errors import ErrorKind
 from tests.tls import Pki
 

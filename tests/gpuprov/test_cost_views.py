@@ -10,14 +10,14 @@ import pytest
 import sqlalchemy as sa
 from temporalio.client import Client
 
-from gpuprov import cli
-from gpuprov.api import create_app
-from gpuprov.client import GpuprovClient, GpuprovError
-from gpuprov.costs import CostReport, cost_report
-from gpuprov.credentials import Credentials
-from gpuprov.db import Database, VmRecord
-from gpuprov.records import Records
-from gpuprov.render import COST_FORMULA
+from gpuprov.api.app import create_app
+from gpuprov.cli import main as cli
+from gpuprov.cli.render import COST_FORMULA
+from gpuprov.sdk.client import GpuprovClient, GpuprovError
+from gpuprov.store.costs import CostReport, cost_report
+from gpuprov.store.credentials import Credentials
+from gpuprov.store.db import Database, VmRecord
+from gpuprov.store.records import Records
 from providers.base import Billing, PriceQuote
 
 T0 = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)

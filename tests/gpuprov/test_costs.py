@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 import sqlalchemy as sa
 
-from gpuprov.costs import billed_seconds, cost_report
-from gpuprov.db import CostRecord, Database, VmRecord
-from gpuprov.records import Records
+from gpuprov.store.costs import billed_seconds, cost_report
+from gpuprov.store.db import CostRecord, Database, VmRecord
+from gpuprov.store.records import Records
 from providers.base import Billing, PriceQuote
 from tests.gpuprov.test_records import race
 

@@ -1,4 +1,4 @@
-"""Operator API keys and worker credentials in the database (gpuprov/credentials.py), on SQLite
+"""Operator API keys and worker credentials (gpuprov/store/credentials.py), on SQLite
 and PostgreSQL: only SHA-256 digests are stored, a refused secret changes nothing, and a
 worker's credential is revoked wherever the worker is revoked or its machine released."""
 
@@ -9,9 +9,9 @@ from datetime import timedelta
 import pytest
 import sqlalchemy as sa
 
-from gpuprov.credentials import Credentials, issue_worker_credential, sha256
-from gpuprov.db import OperatorKey, WorkerCredential, utcnow
-from gpuprov.records import Records
+from gpuprov.store.credentials import Credentials, issue_worker_credential, sha256
+from gpuprov.store.db import OperatorKey, WorkerCredential, utcnow
+from gpuprov.store.records import Records
 from tests.gpuprov.test_records import snapshot
 
 CAPABILITIES = {"gpus": [], "gpu_runtime_ok": False}

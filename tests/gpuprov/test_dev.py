@@ -10,9 +10,9 @@ from pathlib import Path
 
 import httpx
 
-from gpuprov.client import GpuprovClient
-from gpuprov.dev import free_port
+from gpuprov.cli.dev import free_port
 from gpuprov.models import JobState
+from gpuprov.sdk.client import GpuprovClient
 from tests.helpers import job
 
 GPUPROV = str(Path(sys.executable).parent / "gpuprov")

@@ -27,17 +27,18 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.common import RawValue
 
-from gpuprov import cli
-from gpuprov.client import GpuprovClient
-from gpuprov.engine import WORKFLOWS, build_worker, open_records
+from gpuprov.cli import main as cli
+from gpuprov.contract import ReconcileInput, ReconcileReport
+from gpuprov.engine.worker import WORKFLOWS, build_worker, open_records
 from gpuprov.models import JobState, JobStatus
-from gpuprov.records import Records
+from gpuprov.sdk.client import GpuprovClient
+from gpuprov.store.records import Records
 from providers.base import InstanceSpec, ResourceRequest
 from providers.fake import FakeCloud
 from tests.helpers import assert_nothing_left, fast_cloud, job, until
 from workflows.intake import NO_INPUT
 from workflows.job import ProvisionJob
-from workflows.reconcile import Reconcile, ReconcileInput, ReconcileReport
+from workflows.reconcile import Reconcile
 
 
 @workflow.defn(name="ProvisionJob")
@@ -66,7 +67,7 @@ class Setup:
 def setup(
     client: Client, task_queue: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Setup]:
-    database_url = f"sqlite:///{tmp_path / 'gpuprov.db'}"
+    database_url = f"sqlite:///{tmp_path / 'gpuprov.store.db'}"
     monkeypatch.delenv("GPUPROV_CONFIG", raising=False)
     monkeypatch.setenv("GPUPROV_DATABASE__URL", database_url)
     monkeypatch.setenv("GPUPROV_TEMPORAL__TASK_QUEUE", task_queue)

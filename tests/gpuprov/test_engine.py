@@ -11,10 +11,10 @@ import pytest
 from pydantic import SecretStr
 
 from gpuprov.config import ConfigError, SshSettings
-from gpuprov.db import Database
-from gpuprov.engine import open_key_store
-from gpuprov.records import Records
-from gpuprov.ssh_records import SshRecords
+from gpuprov.engine.worker import open_key_store
+from gpuprov.store.db import Database
+from gpuprov.store.records import Records
+from gpuprov.store.ssh_records import SshRecords
 
 SETTING_NAMES = "ssh.client_key_file, ssh.client_key or GPUPROV_SSH__CLIENT_KEY"
 

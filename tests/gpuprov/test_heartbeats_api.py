@@ -7,10 +7,10 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from gpuprov.api import create_app
+from gpuprov.api.app import create_app
 from gpuprov.config import WorkersSettings
-from gpuprov.credentials import Credentials
-from gpuprov.records import Records
+from gpuprov.store.credentials import Credentials
+from gpuprov.store.records import Records
 from tests.gpuprov.test_api import snapshot
 from tests.gpuprov.test_auth import bearer, register_worker
 

@@ -28,12 +28,12 @@ import sqlalchemy as sa
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from gpuprov.api import create_app, serving
-from gpuprov.client import GpuprovClient
-from gpuprov.dev import free_port
-from gpuprov.engine import open_records
+from gpuprov.api.app import create_app, serving
+from gpuprov.cli.dev import free_port
+from gpuprov.engine.worker import open_records
 from gpuprov.models import JobSpec
-from gpuprov.records import Records
+from gpuprov.sdk.client import GpuprovClient
+from gpuprov.store.records import Records
 
 GPUPROV = str(Path(sys.executable).parent / "gpuprov")
 WORKER = str(Path(__file__).resolve().parents[2] / "worker.py")
@@ -292,7 +292,7 @@ async def assert_no_workflow(client: Client, task_queue: str, job: str) -> None:
 @pytest.fixture
 def cli_records(tmp_path: Path) -> Iterator[Records]:
     """The SQLite database the CLI is pointed at, migrated so that its rows can be compared."""
-    opened = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    opened = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
     yield opened
     opened.db.dispose()
 

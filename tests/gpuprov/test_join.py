@@ -21,13 +21,13 @@ import pytest
 from sqlmodel import select
 from temporalio.testing import WorkflowEnvironment
 
-from gpuprov.api import create_app, serving
-from gpuprov.credentials import Credentials
-from gpuprov.db import JoinToken, WorkerRecord
-from gpuprov.dev import free_port
-from gpuprov.engine import open_records
+from gpuprov.api.app import create_app, serving
+from gpuprov.cli.dev import free_port
+from gpuprov.engine.worker import open_records
 from gpuprov.models import WorkerCapabilities
-from gpuprov.records import Records
+from gpuprov.store.credentials import Credentials
+from gpuprov.store.db import JoinToken, WorkerRecord
+from gpuprov.store.records import Records
 from tests.gpuprov.test_agent import H100X8, TOKEN, install_nvidia_smi
 from tests.gpuprov.test_records import snapshot
 

@@ -1,4 +1,4 @@
-"""Worker liveness in the database (gpuprov/liveness.py), on SQLite and PostgreSQL: heartbeats,
+"""Worker liveness (gpuprov/store/liveness.py), on SQLite and PostgreSQL: heartbeats,
 lost workers, the changed/notified pair the sweep wakes jobs by, drains and removals."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from gpuprov.credentials import Credentials, issue_worker_credential
-from gpuprov.db import WorkerRecord, utcnow
-from gpuprov.liveness import Liveness
-from gpuprov.records import Records
+from gpuprov.store.credentials import Credentials, issue_worker_credential
+from gpuprov.store.db import WorkerRecord, utcnow
+from gpuprov.store.liveness import Liveness
+from gpuprov.store.records import Records
 
 HEALTHY: dict[str, Any] = {"gpus": [{"name": "NVIDIA H100"}], "gpu_runtime_ok": True}
 BROKEN: dict[str, Any] = {"gpu_runtime_ok": False, "gpu_runtime_error": "nvidia-smi exited 18"}

@@ -16,8 +16,8 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 
-from gpuprov.db import Database, WorkerRecord, alembic_config, metadata, utcnow
-from gpuprov.records import Records
+from gpuprov.store.db import Database, WorkerRecord, alembic_config, metadata, utcnow
+from gpuprov.store.records import Records
 
 REPO = Path(__file__).resolve().parents[2]
 INITIAL_TABLES = {"vms", "join_tokens", "cost_records", "blocks", "workers", "orphans"}
@@ -293,7 +293,7 @@ def test_upgrading_twice_is_a_no_op(empty: Database):
 
 
 def test_the_migrations_match_the_models(empty: Database):
-    """Autogenerate finds nothing to do: the tables in gpuprov.db are what the migrations made."""
+    """Autogenerate finds nothing to do: gpuprov.store.db's tables are what the migrations made."""
     empty.upgrade()
     with empty.engine.connect() as connection:
         context = MigrationContext.configure(connection, opts={"compare_type": True})
@@ -313,7 +313,7 @@ def test_downgrade_to_base_then_upgrade_again(empty: Database):
 UPGRADE_IN_A_PROCESS = textwrap.dedent(
     """
     import sys
-    from gpuprov.db import Database
+    from gpuprov.store.db import Database
 
     database = Database(sys.argv[1])
     print("ready", flush=True)
@@ -387,7 +387,7 @@ def test_threads_upgrading_at_once_do_not_trip_over_alembic_globals(database_url
 
 
 def test_sqlite_file_gets_its_directory_wal_and_busy_timeout(tmp_path: Path):
-    path = tmp_path / "nested" / "dir" / "gpuprov.db"
+    path = tmp_path / "nested" / "dir" / "gpuprov.store.db"
     db = Database(f"sqlite:///{path}")
     try:
         db.upgrade()

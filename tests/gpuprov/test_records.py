@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 import pytest
 import sqlalchemy as sa
 
-from gpuprov.db import Database, JoinToken, WorkerRecord, utcnow
-from gpuprov.records import Records, TokenRejected
+from gpuprov.store.db import Database, JoinToken, WorkerRecord, utcnow
+from gpuprov.store.records import Records, TokenRejected
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
@@ -521,8 +521,8 @@ def test_two_engines_racing_for_three_workers_reserve_each_once(
 RESERVE_IN_A_PROCESS = textwrap.dedent(
     """
     import sys
-    from gpuprov.db import Database
-    from gpuprov.records import Records
+    from gpuprov.store.db import Database
+    from gpuprov.store.records import Records
 
     url, job = sys.argv[1], sys.argv[2]
     database = Database(url)

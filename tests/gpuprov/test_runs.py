@@ -10,15 +10,15 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from gpuprov.api import create_app
-from gpuprov.costs import cost_report
-from gpuprov.credentials import Credentials
-from gpuprov.liveness import Liveness
-from gpuprov.logs import LogRecords
+from gpuprov.api.app import create_app
 from gpuprov.models import WorkState
-from gpuprov.records import Records
-from gpuprov.runs import RunNotFound, latest_run, run_of_vm, runs_of
-from gpuprov.work import Assignment, RunCommand, WorkRecords
+from gpuprov.store.costs import cost_report
+from gpuprov.store.credentials import Credentials
+from gpuprov.store.liveness import Liveness
+from gpuprov.store.logs import LogRecords
+from gpuprov.store.records import Records
+from gpuprov.store.runs import RunNotFound, latest_run, run_of_vm, runs_of
+from gpuprov.store.work import Assignment, RunCommand, WorkRecords
 from tests.gpuprov.test_api import CAPABILITIES, REGISTER, body
 from tests.gpuprov.test_auth import bearer
 from tests.gpuprov.test_heartbeats_api import HEARTBEAT

@@ -22,14 +22,15 @@ from temporalio.api.workflowservice.v1 import RegisterNamespaceRequest
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from gpuprov import cli, search_attributes
-from gpuprov.binaries import temporal_binary
+from gpuprov import contract
+from gpuprov.cli import main as cli
+from gpuprov.cli.dev import free_port
+from gpuprov.cli.setup import SetupError, setup_cluster
 from gpuprov.config import DatabaseSettings, Settings, TemporalSettings
-from gpuprov.db import TABLES, Database, alembic_config
-from gpuprov.dev import free_port
-from gpuprov.setup import SetupError, setup_cluster
+from gpuprov.engine.binaries import temporal_binary
+from gpuprov.store.db import TABLES, Database, alembic_config
 
-NAMES = [key.name for key in search_attributes.ALL]
+NAMES = [key.name for key in contract.SEARCH_ATTRIBUTES]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +46,7 @@ async def bare_server() -> AsyncIterator[tuple[WorkflowEnvironment, str]]:
 def settings_for(address: str, namespace: str, tmp_path: Path) -> Settings:
     return Settings(
         temporal=TemporalSettings(address=address, namespace=namespace),
-        database=DatabaseSettings(url=f"sqlite:///{tmp_path / 'gpuprov.db'}"),
+        database=DatabaseSettings(url=f"sqlite:///{tmp_path / 'gpuprov.store.db'}"),
     )
 
 

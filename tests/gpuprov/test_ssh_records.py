@@ -10,8 +10,8 @@ from pathlib import Path
 
 import asyncssh
 
-from gpuprov.db import Database
-from gpuprov.ssh_records import ClientKeySource, SshRecords
+from gpuprov.store.db import Database
+from gpuprov.store.ssh_records import ClientKeySource, SshRecords
 from tests.gpuprov.test_records import race, snapshot
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,8 +60,8 @@ def test_workers_pinning_one_vm_at_once_all_get_the_first_writers_key(database_u
 PIN_IN_A_PROCESS = textwrap.dedent(
     """
     import sys
-    from gpuprov.db import Database
-    from gpuprov.ssh_records import ClientKeySource, SshRecords
+    from gpuprov.store.db import Database
+    from gpuprov.store.ssh_records import ClientKeySource, SshRecords
 
     url, vm, key = sys.argv[1], sys.argv[2], sys.argv[3]
     database = Database(url)

@@ -16,14 +16,14 @@ from temporalio import workflow
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
-from gpuprov.api import create_app
+from gpuprov.api.app import create_app
 from gpuprov.config import JobsSettings
-from gpuprov.credentials import Credentials
-from gpuprov.db import LogUsage
-from gpuprov.liveness import Liveness
-from gpuprov.logs import LogRecords
-from gpuprov.records import Records
-from gpuprov.work import Assignment, RunCommand, WorkRecords
+from gpuprov.store.credentials import Credentials
+from gpuprov.store.db import LogUsage
+from gpuprov.store.liveness import Liveness
+from gpuprov.store.logs import LogRecords
+from gpuprov.store.records import Records
+from gpuprov.store.work import Assignment, RunCommand, WorkRecords
 from tests.gpuprov.in_process import client_for
 from tests.gpuprov.test_api import JOB, REGISTER, body, snapshot, vm_token
 from tests.gpuprov.test_auth import bearer

@@ -9,16 +9,16 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import cli
-from gpuprov.api import create_app, serving
-from gpuprov.client import GpuprovError, WorkerNotFound, WorkersClient
-from gpuprov.credentials import Credentials, issue_worker_credential
-from gpuprov.db import utcnow
-from gpuprov.dev import free_port
-from gpuprov.engine import open_records
-from gpuprov.liveness import Liveness
-from gpuprov.records import Records
-from gpuprov.workers_cli import workers_text
+from gpuprov.api.app import create_app, serving
+from gpuprov.cli import main as cli
+from gpuprov.cli.dev import free_port
+from gpuprov.cli.workers import workers_text
+from gpuprov.engine.worker import open_records
+from gpuprov.sdk.client import GpuprovError, WorkerNotFound, WorkersClient
+from gpuprov.store.credentials import Credentials, issue_worker_credential
+from gpuprov.store.db import utcnow
+from gpuprov.store.liveness import Liveness
+from gpuprov.store.records import Records
 from tests.gpuprov.test_api import CAPABILITIES
 
 

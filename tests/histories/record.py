@@ -36,15 +36,16 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
-from gpuprov import search_attributes
-from gpuprov.api import create_app, serving
-from gpuprov.binaries import temporal_binary
-from gpuprov.client import GpuprovClient
+from gpuprov import contract
+from gpuprov.api.app import create_app, serving
+from gpuprov.cli.dev import free_port
 from gpuprov.config import FakeProviderConfig, FaultRule
-from gpuprov.dev import free_port
-from gpuprov.engine import WORKFLOWS, open_records
+from gpuprov.contract import OffersQuery
+from gpuprov.engine.binaries import temporal_binary
+from gpuprov.engine.worker import WORKFLOWS, open_records
 from gpuprov.models import JobSpec, JobState, WorkerCapabilities
-from gpuprov.records import Records
+from gpuprov.sdk.client import GpuprovClient
+from gpuprov.store.records import Records
 from providers.base import ResourceRequest
 from providers.errors import ErrorKind
 from providers.fake import FakeCloud
@@ -58,7 +59,7 @@ from tests.helpers import (
     until,
 )
 from tests.workflows.test_running import nodes_running
-from workflows.offers import OffersQuery, PlanOffers
+from workflows.offers import PlanOffers
 
 HERE = Path(__file__).resolve().parent
 # A fixed identity instead of the default pid@hostname: the histories name no machine.
@@ -447,7 +448,7 @@ async def replays(scenario: Scenario, text: str) -> None:
 async def record_one(client: Client, scenario: Scenario) -> tuple[int, int]:
     """Play the scenario, check its history, write it: (bytes written, tokens scanned for)."""
     with tempfile.TemporaryDirectory(prefix="gpuprov-history-") as data_dir:
-        records = open_records(f"sqlite:///{data_dir}/gpuprov.db")
+        records = open_records(f"sqlite:///{data_dir}/gpuprov.store.db")
         run = Run(client, records, scenario.job_name, TASK_QUEUE)
         try:
             await scenario.play(run)
@@ -467,7 +468,7 @@ async def record(names: list[str]) -> None:
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=temporal_binary(),
         data_converter=pydantic_data_converter,
-        search_attributes=list(search_attributes.ALL),
+        search_attributes=list(contract.SEARCH_ATTRIBUTES),
         identity=IDENTITY,
     )
     try:

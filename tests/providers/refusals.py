@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 from temporalio.client import Client
 
-from gpuprov.client import GpuprovClient, OffersQuery
-from gpuprov.engine import build_worker, open_records
+from gpuprov.contract import OffersResult
+from gpuprov.engine.worker import build_worker, open_records
 from gpuprov.models import JobSpec, JobState, JobStatus
+from gpuprov.sdk.client import GpuprovClient, OffersQuery
 from providers.base import CloudProvider
-from workflows.offers import OffersResult
 
 
 @dataclass
@@ -29,7 +29,7 @@ async def refused(
     """PlanOffers for `spec`'s request, then `spec` run to its end, on one worker holding only
     `provider`."""
     with tempfile.TemporaryDirectory(prefix="gpuprov-test-") as data_dir:
-        records = open_records(f"sqlite:///{data_dir}/gpuprov.db")
+        records = open_records(f"sqlite:///{data_dir}/gpuprov.store.db")
         worker = build_worker(
             client, task_queue, {provider.name: provider}, records, api_url="http://127.0.0.1:9"
         )

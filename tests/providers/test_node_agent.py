@@ -22,8 +22,8 @@ import asyncssh
 import pytest
 
 from activities.ssh_keys import host_key_cloud_config
-from gpuprov.engine import open_records
-from gpuprov.records import Records
+from gpuprov.engine.worker import open_records
+from gpuprov.store.records import Records
 from providers import node_agent
 from providers.aws.cloud import MAX_USER_DATA_BYTES as EC2_LIMIT
 from providers.base import InstanceSpec, NodeBootstrap
@@ -35,7 +35,7 @@ from tests.gpuprov.test_agent import AGENT_FILE
 from tests.nodes import CloudInitNode, gpu_path, serving_api, unit_value
 from tests.tls import Pki
 
-LAMBDA_LIMIT = importlib.import_module("providers.lambda.cloud").MAX_USER_DATA
+LAMBDA_LIMIT = importlib.import_module("providers.lambdalabs.cloud").MAX_USER_DATA
 VM = "train-7b-a1-n0-ce4389"
 TOKEN = "tok-Zq8vJ3nX0aB4cD5eF6gH7iJ8kL9mN0pQ"
 
@@ -274,7 +274,7 @@ def registered_token(records: Records, api_url: str, vm: str = VM) -> str:
 
 
 async def test_the_unit_checks_the_pin_then_registers_the_node_through_the_api(tmp_path: Path):
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
     try:
         async with serving_api(records) as api_url:
             token = registered_token(records, api_url)
@@ -300,7 +300,7 @@ async def test_the_unit_checks_the_pin_then_registers_the_node_through_the_api(t
 
 
 async def test_an_agent_that_does_not_match_its_pin_never_runs_and_spends_nothing(tmp_path: Path):
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
     try:
         async with serving_api(records) as api_url:
             token = registered_token(records, api_url)
@@ -332,7 +332,7 @@ async def test_over_https_the_node_pins_the_private_ca_it_was_given(tmp_path: Pa
         "tls_cert_file": str(pki.path("server.pem")),
         "tls_key_file": str(pki.path("server.key")),
     }
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
     try:
         async with serving_api(records, **tls) as api_url:
             token = registered_token(records, api_url)

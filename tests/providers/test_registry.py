@@ -12,9 +12,10 @@ from temporalio.client import Client
 
 import providers
 from gpuprov import config
-from gpuprov.client import GpuprovClient
 from gpuprov.config import ConfigError, ProvidersSettings, load_settings
-from gpuprov.engine import build_worker, open_records
+from gpuprov.contract import OffersQuery
+from gpuprov.engine.worker import build_worker, open_records
+from gpuprov.sdk.client import GpuprovClient
 from providers import PROVIDER_IDS, Cloud, build_all
 from providers.base import ResourceRequest
 from providers.fake import FakeCloud
@@ -22,7 +23,6 @@ from providers.fake.config import FakeProviderConfig
 from providers.runpod.config import RunPodConfig
 from providers.settings import ApiKeySettings, MissingCredentials
 from tests.helpers import fast_cloud
-from workflows.offers import OffersQuery
 
 
 def test_every_registered_cloud_has_a_config_section() -> None:
@@ -104,7 +104,7 @@ async def test_offers_say_which_clouds_were_skipped(client: Client, task_queue: 
     cloud = FakeCloud(fast_cloud())
     skipped = {"runpod": "no API key: set RUNPOD_API_KEY, or api_key_file or api_key"}
     with tempfile.TemporaryDirectory() as data_dir:
-        records = open_records(f"sqlite:///{data_dir}/gpuprov.db")
+        records = open_records(f"sqlite:///{data_dir}/gpuprov.store.db")
         worker = build_worker(
             client, task_queue, {"fake": cloud}, records, api_url="http://x", skipped=skipped
         )

@@ -14,7 +14,7 @@ from providers.settings import ApiKeySettings, capabilities_from
 DEFAULTS = [
     ("providers.aws.config", "AwsConfig", {}, (900.0, 600.0, 10.0)),
     ("providers.gce.config", "GceConfig", {"project": "p"}, (1200.0, 600.0, 10.0)),
-    ("providers.lambda.config", "LambdaConfig", {}, (1800.0, 900.0, 10.0)),
+    ("providers.lambdalabs.config", "LambdaConfig", {}, (1800.0, 900.0, 10.0)),
     ("providers.prime.config", "PrimeConfig", {}, (1800.0, 600.0, 15.0)),
     ("providers.runpod.config", "RunPodConfig", {}, (900.0, 300.0, 10.0)),
     ("providers.ssh.config", "SshConfig", {}, (120.0, 60.0, 5.0)),

@@ -20,9 +20,9 @@ import pytest
 from temporalio.client import Client
 
 from gpuprov.config import FaultRule, Settings, TemporalSettings
-from gpuprov.engine import open_records
+from gpuprov.engine.worker import open_records
 from gpuprov.models import JobState
-from gpuprov.records import Records
+from gpuprov.store.records import Records
 from providers.errors import ErrorKind
 from tests.helpers import (
     OFFER_A,
@@ -41,7 +41,7 @@ from worker import connect_patiently
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Records:
-    return open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    return open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
 
 
 async def test_a_cleanup_that_fails_for_good_is_an_orphan_the_reconciler_cleans_up(

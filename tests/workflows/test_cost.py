@@ -11,11 +11,11 @@ import pytest
 from sqlmodel import select
 
 from gpuprov.config import FaultRule
-from gpuprov.costs import billed_seconds, cost_report
-from gpuprov.db import CostRecord, VmRecord
-from gpuprov.engine import open_records
+from gpuprov.engine.worker import open_records
 from gpuprov.models import AttemptOutcome, JobState
-from gpuprov.records import Records
+from gpuprov.store.costs import billed_seconds, cost_report
+from gpuprov.store.db import CostRecord, VmRecord
+from gpuprov.store.records import Records
 from providers.base import Billing
 from providers.errors import ErrorKind
 from tests.helpers import (
@@ -34,7 +34,7 @@ PER_MINUTE = Billing(granularity_seconds=60, minimum_seconds=60, source="test te
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Records:
-    return open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    return open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
 
 
 def rows(records: Records, table) -> list:

@@ -33,8 +33,8 @@ FORBIDDEN_MODULES = {
     "sqlalchemy": "database I/O: use a (local) activity",
     "sqlmodel": "database I/O: use a (local) activity",
     "pathlib": "files: use an activity",
-    "gpuprov.records": "database I/O: use a (local) activity",
-    "gpuprov.db": "database I/O: use a (local) activity",
+    "gpuprov.store.records": "database I/O: use a (local) activity",
+    "gpuprov.store.db": "database I/O: use a (local) activity",
 }
 # Attribute calls that read the wall clock or the environment, whatever they were imported as.
 FORBIDDEN_CALLS = {
@@ -97,7 +97,7 @@ def test_workflow_module_is_free_of_clocks_randomness_and_io(path: Path) -> None
         ("import random as r\n", "import random"),
         ("from uuid import uuid4\n", "import uuid"),
         ("import os.path\n", "import os.path"),
-        ("from gpuprov.records import Records\n", "import gpuprov.records"),
+        ("from gpuprov.store.records import Records\n", "import gpuprov.store.records"),
         ("from datetime import datetime\nx = datetime.now()\n", ".now()"),
         ("from datetime import date\nx = date.today()\n", ".today()"),
         ("import datetime\nx = datetime.datetime.now()\n", ".now()"),

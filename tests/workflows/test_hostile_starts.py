@@ -22,8 +22,8 @@ from temporalio.client import Client, WorkflowFailureError
 from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
-from gpuprov import search_attributes
-from gpuprov.engine import open_records
+from gpuprov import contract
+from gpuprov.engine.worker import open_records
 from gpuprov.models import JobState
 from tests.helpers import assert_nothing_left, fake_worker, fast_cloud, job, until
 
@@ -106,7 +106,7 @@ CASES = sorted(cases("x"))
 
 async def _state_attribute(client: Client, workflow_id: str) -> str | None:
     described = await client.get_workflow_handle(workflow_id).describe()
-    return described.typed_search_attributes.get(search_attributes.STATE)
+    return described.typed_search_attributes.get(contract.STATE)
 
 
 def _tables(url: str) -> dict[str, int]:
@@ -128,7 +128,7 @@ async def test_a_hostile_raw_start_fails_at_once_naming_the_field(
     start = cases(job_name)[case]
     workflow_id = f"job-{job_name}"
     with tempfile.TemporaryDirectory() as data_dir:
-        url = f"sqlite:///{data_dir}/gpuprov.db"
+        url = f"sqlite:///{data_dir}/gpuprov.store.db"
         records = open_records(url)
         try:
             async with fake_worker(client, task_queue, fast_cloud(), records) as (_, cloud):

@@ -19,9 +19,9 @@ import pytest
 from activities.cloud import CloudActivities, CreateInput
 from activities.fencing import CallFence
 from gpuprov.config import FaultRule
-from gpuprov.db import utcnow
-from gpuprov.fences import ClaimOutcome, VmFences
 from gpuprov.models import JobState
+from gpuprov.store.db import utcnow
+from gpuprov.store.fences import ClaimOutcome, VmFences
 from providers.base import InstanceSpec, Offer, ResourceRequest
 from providers.fake import FakeCloud
 from tests.helpers import (

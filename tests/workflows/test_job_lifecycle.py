@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from gpuprov import search_attributes
+from gpuprov import contract
 from gpuprov.config import FakeInstanceType, FakeRegion, FaultRule
 from gpuprov.models import AttemptOutcome, JobState
 from providers.base import ResourceRequest
@@ -258,8 +258,8 @@ async def test_search_attributes_and_list_follow_the_job(client, task_queue, job
         handle = await gpuprov.submit(job(job_name))
         await until(handle, lambda s: s.state is JobState.READY)
         query = (
-            f"{search_attributes.STATE.name}='ready' AND {search_attributes.PROVIDER.name}='fake'"
-            f" AND {search_attributes.REGION.name}='r1' AND {search_attributes.GPU.name}='H100'"
+            f"{contract.STATE.name}='ready' AND {contract.PROVIDER.name}='fake'"
+            f" AND {contract.REGION.name}='r1' AND {contract.GPU.name}='H100'"
             f" AND WorkflowId='job-{job_name}'"
         )
         for _ in range(50):  # visibility is eventually consistent
@@ -275,7 +275,7 @@ async def test_search_attributes_and_list_follow_the_job(client, task_queue, job
 
 
 async def test_duplicate_job_name_is_refused(client, task_queue, job_name):
-    from gpuprov.client import JobAlreadyExists
+    from gpuprov.sdk.client import JobAlreadyExists
 
     async with fake_worker(client, task_queue, fast_cloud()) as (gpuprov, _cloud):
         handle = await gpuprov.submit(job(job_name))

@@ -19,21 +19,22 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.liveness import JobWorkersInput, LivenessActivities, SweepReport
 from gpuprov.config import WorkersSettings
-from gpuprov.credentials import issue_worker_credential
-from gpuprov.db import WorkerRecord, utcnow
-from gpuprov.engine import open_records
-from gpuprov.liveness import Liveness
+from gpuprov.contract import WatchInput
+from gpuprov.engine.schedules import LIVENESS_SCHEDULE_ID, apply_liveness_schedule
+from gpuprov.engine.worker import open_records
 from gpuprov.models import JobState, WorkerLiveness
-from gpuprov.records import Records
-from gpuprov.schedules import LIVENESS_SCHEDULE_ID, apply_liveness_schedule
+from gpuprov.store.credentials import issue_worker_credential
+from gpuprov.store.db import WorkerRecord, utcnow
+from gpuprov.store.liveness import Liveness
+from gpuprov.store.records import Records
 from tests.gpuprov.test_api import CAPABILITIES
 from tests.helpers import fake_worker, fast_cloud, job, until
-from workflows.liveness import WatchInput, WatchWorkers
+from workflows.liveness import WatchWorkers
 
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Records:
-    return open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    return open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
 
 
 def existing_worker(

@@ -17,9 +17,9 @@ from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import Client, WorkflowExecutionStatus
 from temporalio.testing import WorkflowEnvironment
 
-from gpuprov import search_attributes
-from gpuprov.converter import PYDANTIC_DATA_CONVERTER
+from gpuprov import contract
 from gpuprov.models import JobState
+from gpuprov.sdk.converter import PYDANTIC_DATA_CONVERTER
 from tests.helpers import assert_nothing_left, fake_worker, fast_cloud, job, until
 from workflows.job import MAX_EVENTS_PER_RUN
 
@@ -44,7 +44,7 @@ async def _register_search_attributes(client: Client) -> None:
     await client.operator_service.add_search_attributes(
         AddSearchAttributesRequest(
             namespace=client.namespace,
-            search_attributes={key.name: keyword for key in search_attributes.ALL},
+            search_attributes={key.name: keyword for key in contract.SEARCH_ATTRIBUTES},
         )
     )
 

@@ -1,4 +1,4 @@
-"""The failover policy (every cell of workflows/policy.py's decision) and offer ranking.
+"""The failover policy (every cell of gpuprov/policy.py's decision) and offer ranking.
 
 Pure functions only: no Temporal server."""
 
@@ -9,9 +9,7 @@ from datetime import UTC, datetime
 import pytest
 
 from gpuprov.models import Block, BlockScope
-from providers.base import Offer, PriceQuote
-from providers.errors import ErrorKind
-from workflows.policy import (
+from gpuprov.policy import (
     FORWARD_RETRY,
     TABLE,
     TEARDOWN_RETRY,
@@ -22,6 +20,8 @@ from workflows.policy import (
     decide,
     retried_at_source,
 )
+from providers.base import Offer, PriceQuote
+from providers.errors import ErrorKind
 from workflows.selection import blocking, cost_cap_reason, rank_offers
 
 K = ErrorKind
@@ -42,7 +42,7 @@ OVERRIDES = [None, *BlockScope]
 
 
 def expected(failure: Failure) -> Decision:
-    """The policy written out cell by cell, independently of workflows/policy.py's code."""
+    """The policy written out cell by cell, independently of gpuprov/policy.py's code."""
     kind = K.FAILED if failure.kind is K.TRANSIENT else failure.kind  # retries are spent
     teardown, block, abort = ROWS[kind]
     if failure.stage is Stage.TEARDOWN:

@@ -19,25 +19,26 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from activities.liveness import SweepReport
-from gpuprov.api import create_app, serving
+from gpuprov.api.app import create_app, serving
+from gpuprov.cli.dev import free_port
 from gpuprov.config import FakeProviderConfig, FaultRule, WorkersSettings
-from gpuprov.dev import free_port
-from gpuprov.engine import open_records
+from gpuprov.contract import WatchInput
+from gpuprov.engine.worker import open_records
 from gpuprov.models import AttemptOutcome, JobState
-from gpuprov.records import Records
+from gpuprov.store.records import Records
 from providers.errors import ErrorKind, ProviderError
 from providers.fake import FakeCloud
 from providers.fake.config import FakeInstanceType
 from providers.fake.node import check_captured
 from tests.helpers import OFFER_A, OFFER_B, assert_nothing_left, fake_worker, fast_cloud, job, until
-from workflows.liveness import WatchInput, WatchWorkers
+from workflows.liveness import WatchWorkers
 
 FAST = WorkersSettings(heartbeat_interval_seconds=0.3, lost_after_seconds=2)
 
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Records:
-    return open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    return open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
 
 
 @asynccontextmanager

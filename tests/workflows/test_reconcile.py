@@ -21,14 +21,15 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.service import RPCError
 
 from activities import reconcile as reconcile_activities
-from gpuprov import cli
+from gpuprov.cli import main as cli
+from gpuprov.cli.render import orphans_text
 from gpuprov.config import FaultRule, ReconcileSettings
-from gpuprov.db import OrphanRecord
-from gpuprov.engine import open_records
+from gpuprov.contract import ReconcileInput, ReconcileReport
+from gpuprov.engine.schedules import SCHEDULE_ID, apply_reconcile_schedule
+from gpuprov.engine.worker import open_records
 from gpuprov.models import JobState
-from gpuprov.records import Records
-from gpuprov.render import orphans_text
-from gpuprov.schedules import SCHEDULE_ID, apply_reconcile_schedule
+from gpuprov.store.db import OrphanRecord
+from gpuprov.store.records import Records
 from providers.base import InstanceSpec, ResourceRequest
 from providers.errors import ErrorKind
 from providers.fake import FakeCloud
@@ -41,7 +42,7 @@ from tests.helpers import (
     start_unanswered_job,
     until,
 )
-from workflows.reconcile import Reconcile, ReconcileInput, ReconcileReport
+from workflows.reconcile import Reconcile
 
 # retire deletes, waits until observe shows nothing, marks the row terminated, then cleans up.
 TEARDOWN_STEPS = ["retire", "resolve_orphan"]
@@ -49,7 +50,7 @@ TEARDOWN_STEPS = ["retire", "resolve_orphan"]
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Records:
-    return open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    return open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
 
 
 async def plant(cloud: FakeCloud, vm: str, region: str = "r1") -> list[str]:

@@ -19,9 +19,9 @@ import pytest
 
 from activities import reconcile as reconcile_activities
 from gpuprov.config import FaultRule
-from gpuprov.engine import open_records
+from gpuprov.engine.worker import open_records
 from gpuprov.models import JobState
-from gpuprov.records import Records
+from gpuprov.store.records import Records
 from providers.base import InstanceSpec, Location, ResourceRequest
 from providers.errors import ErrorKind
 from providers.fake import FakeCloud
@@ -38,7 +38,7 @@ from tests.workflows.test_reconcile import plant, reconcile
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Records:
-    return open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    return open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
 
 
 async def prepare_only(cloud: FakeCloud, vm: str, region: str = "r1", **spec: object) -> None:

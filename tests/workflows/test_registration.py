@@ -17,14 +17,14 @@ import pytest
 import sqlalchemy as sa
 from sqlmodel import select
 
-from gpuprov.api import create_app, serving
-from gpuprov.client import JobNotFound, OffersQuery
+from gpuprov.api.app import create_app, serving
+from gpuprov.cli.dev import free_port
 from gpuprov.config import FaultRule
-from gpuprov.db import BlockRecord, CostRecord, JoinToken, VmRecord, WorkerRecord
-from gpuprov.dev import free_port
-from gpuprov.engine import open_records
+from gpuprov.engine.worker import open_records
 from gpuprov.models import AttemptOutcome, JobState, WorkerCapabilities
-from gpuprov.records import Records
+from gpuprov.sdk.client import JobNotFound, OffersQuery
+from gpuprov.store.db import BlockRecord, CostRecord, JoinToken, VmRecord, WorkerRecord
+from gpuprov.store.records import Records
 from providers.base import ResourceRequest
 from providers.errors import ErrorKind
 from tests.helpers import (
@@ -42,7 +42,7 @@ from tests.helpers import (
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Records:
-    return open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    return open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
 
 
 @asynccontextmanager
@@ -189,7 +189,7 @@ async def test_a_block_recorded_by_one_job_steers_the_next_until_it_expires(
 
         # expire the shared block (as the TTL would), and the next job tries A again
         with sqlite_records.db.session() as session:
-            from gpuprov.db import BlockRecord
+            from gpuprov.store.db import BlockRecord
 
             for block in session.exec(select(BlockRecord)).all():
                 block.expires_at = datetime.now(UTC) - timedelta(seconds=1)

@@ -18,13 +18,13 @@ import pytest
 from sqlmodel import select
 from temporalio.client import Client
 
-from gpuprov.api import create_app, serving
-from gpuprov.db import WorkRecord
-from gpuprov.dev import free_port
-from gpuprov.engine import open_records
+from gpuprov.api.app import create_app, serving
+from gpuprov.cli.dev import free_port
+from gpuprov.engine.worker import open_records
 from gpuprov.models import JobState, WorkState
-from gpuprov.records import Records
-from gpuprov.work import WorkRecords
+from gpuprov.store.db import WorkRecord
+from gpuprov.store.records import Records
+from gpuprov.store.work import WorkRecords
 from tests.helpers import OFFER_A, OFFER_B, assert_nothing_left, fake_worker, fast_cloud, job, until
 
 # rank, epoch -> the exit code to end with now, or None to keep running
@@ -80,7 +80,7 @@ class Nodes:
 
 @pytest.fixture
 def records(tmp_path: Path) -> Records:
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
     yield records
     records.db.dispose()
 

@@ -16,11 +16,11 @@ from pathlib import Path
 import sqlalchemy as sa
 from sqlmodel import col, select
 
-from gpuprov.api import create_app, serving
-from gpuprov.db import CostRecord, LogChunk, VmRecord, WorkRecord
-from gpuprov.dev import free_port
+from gpuprov.api.app import create_app, serving
+from gpuprov.cli.dev import free_port
 from gpuprov.models import JobState, JobStatus, WorkState
-from gpuprov.records import Records
+from gpuprov.store.db import CostRecord, LogChunk, VmRecord, WorkRecord
+from gpuprov.store.records import Records
 from providers.fake.node import DEFAULT_FIXTURES, HEALTHY, stub_script
 from tests.gpuprov.test_agent import install_nvidia_smi
 from tests.gpuprov.test_join import ControlPlane, clean_env, join_with_new_token
@@ -58,7 +58,7 @@ def gpuprov_cli(client, task_queue: str, records: Records, *args: str):
         f'task_queue = "{task_queue}"\n[database]\nurl = "sqlite:///{records.db.url.database}"\n'
     )
     return subprocess.run(
-        [sys.executable, "-m", "gpuprov.cli", "--config", str(config), *args],
+        [sys.executable, "-m", "gpuprov.cli.main", "--config", str(config), *args],
         capture_output=True,
         text=True,
         timeout=120,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from temporalio import activity
 
-from gpuprov.engine import build_worker
-from workflows.policy import Stage
+from gpuprov.engine.worker import build_worker
+from gpuprov.policy import Stage
 from workflows.steps import STEPS, step_name
 
 WORKFLOWS_DIR = Path(__file__).resolve().parents[2] / "workflows"
@@ -17,8 +17,8 @@ WORKFLOWS_DIR = Path(__file__).resolve().parents[2] / "workflows"
 
 def _registered_names(client, tmp_path) -> set[str]:
     from activities.ssh_keys import KeyStore
-    from gpuprov.engine import open_records
-    from gpuprov.ssh_records import SshRecords
+    from gpuprov.engine.worker import open_records
+    from gpuprov.store.ssh_records import SshRecords
     from providers.fake import FakeCloud
     from tests.helpers import fast_cloud
 

@@ -15,10 +15,10 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 from temporalio.common import RawValue
 
-from gpuprov.client import GpuprovClient
-from gpuprov.engine import WORKFLOWS, build_worker, open_records
+from gpuprov.engine.worker import WORKFLOWS, build_worker, open_records
 from gpuprov.models import JobState, JobStatus
-from gpuprov.records import Records
+from gpuprov.sdk.client import GpuprovClient
+from gpuprov.store.records import Records
 from providers.fake import FakeCloud
 from tests.helpers import assert_nothing_left, fast_cloud, job, until
 from workflows.intake import NO_INPUT
@@ -77,7 +77,7 @@ async def test_a_running_job_finishes_on_a_worker_with_gated_new_code(
     client: Client, task_queue: str, job_name: str
 ) -> None:
     with tempfile.TemporaryDirectory() as data_dir:
-        records = open_records(f"sqlite:///{data_dir}/gpuprov.db")
+        records = open_records(f"sqlite:///{data_dir}/gpuprov.store.db")
         cloud = FakeCloud(fast_cloud())
         try:
             await _ready_on_todays_code(client, task_queue, cloud, records, job_name)
@@ -114,7 +114,7 @@ async def test_the_same_change_without_the_gate_breaks_the_running_job(
     client: Client, task_queue: str, job_name: str
 ) -> None:
     with tempfile.TemporaryDirectory() as data_dir:
-        records = open_records(f"sqlite:///{data_dir}/gpuprov.db")
+        records = open_records(f"sqlite:///{data_dir}/gpuprov.store.db")
         cloud = FakeCloud(fast_cloud())
         try:
             await _ready_on_todays_code(client, task_queue, cloud, records, job_name)

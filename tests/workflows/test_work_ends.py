@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov.engine import open_records
+from gpuprov.engine.worker import open_records
 from gpuprov.models import JobState, WorkState
-from gpuprov.records import Records
+from gpuprov.store.records import Records
 from tests.gpuprov.test_agent_work_ends import alive
 from tests.helpers import assert_nothing_left, job, kill_recorded_pids
 from tests.workflows.test_work_on_nodes import real_nodes
@@ -21,7 +21,7 @@ from tests.workflows.test_work_on_nodes import real_nodes
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Iterator[Records]:
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
     yield records
     records.db.dispose()
 

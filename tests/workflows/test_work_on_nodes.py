@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from gpuprov.api import create_app, serving
-from gpuprov.client import GpuprovClient
+from gpuprov.api.app import create_app, serving
+from gpuprov.cli.dev import free_port
 from gpuprov.config import FaultRule, JobsSettings, WorkersSettings
-from gpuprov.dev import free_port
-from gpuprov.engine import open_records
+from gpuprov.engine.worker import open_records
 from gpuprov.models import JobState, JobStatus, WorkState
-from gpuprov.records import Records
+from gpuprov.sdk.client import GpuprovClient
+from gpuprov.store.records import Records
 from providers.fake import FakeCloud, FakeCloudState
 from tests.gpuprov.test_agent_work import gone
 from tests.helpers import (
@@ -43,7 +43,7 @@ JOBS = JobsSettings(stop_grace_seconds=3)
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Records:
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
     yield records
     records.db.dispose()
 
@@ -86,7 +86,7 @@ def gpuprov_logs(client: Client, task_queue: str, records: Records, *args: str):
         f'task_queue = "{task_queue}"\n[database]\nurl = "sqlite:///{records.db.url.database}"\n'
     )
     return subprocess.run(
-        [sys.executable, "-m", "gpuprov.cli", "--config", str(config), "logs", *args],
+        [sys.executable, "-m", "gpuprov.cli.main", "--config", str(config), "logs", *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -237,7 +237,7 @@ def ledger_is_empty(path: Path) -> bool:
 async def test_a_worker_killed_mid_run_the_job_goes_on_and_the_work_started_once(
     client, task_queue, job_name, tmp_path
 ):
-    database = f"sqlite:///{tmp_path / 'gpuprov.db'}"
+    database = f"sqlite:///{tmp_path / 'gpuprov.store.db'}"
     records = open_records(database)
     port = free_port()
     starts = tmp_path / "starts"

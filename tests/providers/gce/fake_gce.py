@@ -32,8 +32,8 @@ import httpx
 import respx
 from temporalio.client import Client
 
-from gpuprov.client import GpuprovClient
-from gpuprov.engine import build_worker, open_records
+from gpuprov.engine.worker import build_worker, open_records
+from gpuprov.sdk.client import GpuprovClient
 from providers.base import CloudProvider
 from providers.gce.auth import StaticToken
 from providers.gce.cloud import GceCloud
@@ -512,7 +512,7 @@ async def gce_worker(
     """A gpuprov worker over `providers` (e.g. {"gce": fake.cloud(), "aws": ...}) and a fresh
     SQLite database; closes the providers afterwards."""
     with tempfile.TemporaryDirectory(prefix="gpuprov-gce-") as data_dir:
-        records = open_records(f"sqlite:///{data_dir}/gpuprov.db")
+        records = open_records(f"sqlite:///{data_dir}/gpuprov.store.db")
         worker = build_worker(client, task_queue, providers, records, api_url=api_url)
         try:
             async with worker:

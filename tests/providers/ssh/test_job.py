@@ -19,12 +19,12 @@ from temporalio.client import Client
 
 from activities.bootstrap import REMOTE_ROOT
 from activities.ssh_keys import KeyStore
-from gpuprov.api import create_app, serving
-from gpuprov.client import GpuprovClient
-from gpuprov.db import VmRecord, WorkerRecord
-from gpuprov.engine import build_worker, open_records
+from gpuprov.api.app import create_app, serving
+from gpuprov.engine.worker import build_worker, open_records
 from gpuprov.models import AttemptOutcome, JobState
-from gpuprov.ssh_records import SshRecords
+from gpuprov.sdk.client import GpuprovClient
+from gpuprov.store.db import VmRecord, WorkerRecord
+from gpuprov.store.ssh_records import SshRecords
 from providers.base import Verdict
 from providers.errors import ErrorKind
 from providers.ssh.cloud import SshMachines
@@ -63,7 +63,7 @@ def rows(records: Any, table: Any) -> list[Any]:
 async def test_a_job_fails_over_to_the_reachable_machine_registers_and_releases_it(
     tmp_path: Path, client: Client, task_queue: str, job_name: str
 ) -> None:
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
     port = free_port()
     api_url = f"http://127.0.0.1:{port}"
     with running_sshd(tmp_path / "sshd", rsa_too=True) as sshd:

@@ -11,12 +11,12 @@ from pathlib import Path
 from temporalio.client import Client
 
 from activities.ssh_keys import KeyStore
-from gpuprov.api import create_app, serving
-from gpuprov.client import GpuprovClient
+from gpuprov.api.app import create_app, serving
 from gpuprov.config import JobsSettings, K3sSettings
-from gpuprov.engine import build_worker, open_records
+from gpuprov.engine.worker import build_worker, open_records
 from gpuprov.models import JobState
-from gpuprov.ssh_records import SshRecords
+from gpuprov.sdk.client import GpuprovClient
+from gpuprov.store.ssh_records import SshRecords
 from providers.ssh.cloud import SshMachines
 from providers.ssh.config import SshConfig, SshHost
 from tests.helpers import decoded_history, job, until
@@ -61,7 +61,7 @@ async def test_a_k3s_job_runs_the_server_on_node_0_and_joins_the_others(
         data_dir=str(tmp_path / "k3s-data"),
         kubeconfig=str(tmp_path / "k3s.yaml"),
     )
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
     port = free_port()
     api_url = f"http://127.0.0.1:{port}"
     with running_sshd(tmp_path / "sshd-a") as box_a, running_sshd(tmp_path / "sshd-b") as box_b:

@@ -1,0 +1,1 @@
+"""The control-plane HTTP API: the app, its authentication, and its routes by resource."""

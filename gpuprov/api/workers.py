@@ -1,0 +1,171 @@
+"""The workers as the API shows them, and their heartbeats:
+
+    GET    /v1/workers  [?state=idle&job=train-7b]  every worker (operators: an API key)
+    POST   /v1/workers/{id}/drain | /undrain        stop (resume) new reservations (operators)
+    DELETE /v1/workers/{id}                         revoke the worker and its credential (operators)
+    GET    /v1/workers/me                           the calling worker (its own credential)
+    POST   /v1/workers/heartbeat  {healthy, detail} the calling worker is alive (its credential)
+
+A row says where the worker came from and what it reported: origin, state, job, provider,
+region, registered and last updated, one line of capabilities (GPUs, driver, CPUs, memory,
+runtime verdict), and its liveness (alive/lost, last seen, heartbeats, health, draining). Never a
+token or a credential.
+
+A heartbeat is one database write (gpuprov/store/liveness.py), and for a reserved or busy worker one
+read of its current work; the API never talks to Temporal for it. It answers how long to wait
+for the next one (`[workers] heartbeat_interval_seconds`), whether the worker is draining, and
+its current work's id and whether that work is to stop, so a stop reaches the node within one
+interval. A revoked worker's heartbeat is refused (401) by its
+credential, with nothing written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
+from pydantic import Field, ValidationError
+
+from gpuprov.api.auth import BODY_REFUSALS, REFUSALS, require_operator, require_worker
+from gpuprov.config import WorkersSettings
+from gpuprov.models import WorkerCapabilities, WorkerList, WorkerSummary, capabilities_text
+from gpuprov.store.db import WORKER_STATES, WorkerRecord
+from gpuprov.store.liveness import MAX_DETAIL, Liveness
+from gpuprov.store.records import Records
+from providers.base import Model
+
+_STATES = "^(" + "|".join(WORKER_STATES) + ")$"
+
+
+class HeartbeatRequest(Model):
+    """The node's fresh GPU verdict: the registration probe plus `nvidia-smi -q`."""
+
+    healthy: bool
+    detail: str | None = Field(default=None, max_length=MAX_DETAIL)
+
+
+class HeartbeatResponse(Model):
+    interval_seconds: float  # when to send the next one
+    draining: bool
+    state: str  # idle / reserved / busy
+    work_id: str | None = None  # the worker's current work (GET /v1/work says what it is)
+    stop_requested: bool = False  # that work is to stop: SIGTERM, grace, SIGKILL, report
+
+
+WorkerId = Annotated[str, Path(min_length=1, max_length=64)]
+
+
+def summary(worker: WorkerRecord) -> WorkerSummary:
+    try:
+        capabilities = WorkerCapabilities.model_validate(worker.capabilities)
+    except ValidationError:  # a row written by another version: say so, do not fail the list
+        capabilities = WorkerCapabilities(gpu_runtime_error="capabilities unreadable")
+    shape = capabilities.shape(worker.provider, worker.region)
+    return WorkerSummary(
+        id=worker.id,
+        origin=worker.origin,
+        state=worker.state,
+        job=worker.job,
+        provider=worker.provider,
+        region=worker.region,
+        label=worker.label,
+        vm=worker.vm,
+        registered_at=worker.registered_at,
+        updated_at=worker.updated_at,
+        gpu=shape.gpu_name,
+        gpu_count=shape.gpu_count,
+        gpu_runtime_ok=shape.gpu_runtime_ok,
+        capabilities=capabilities_text(capabilities),
+        liveness=worker.liveness,
+        last_seen_at=worker.last_seen_at,
+        heartbeats=worker.heartbeats,
+        health=worker.health,
+        health_detail=worker.health_detail,
+        draining=worker.draining,
+    )
+
+
+def _records(request: Request) -> Records:
+    return request.app.state.records
+
+
+def _liveness(request: Request) -> Liveness:
+    return request.app.state.liveness
+
+
+def _found(worker: WorkerRecord | None, worker_id: str) -> WorkerSummary:
+    if worker is None:
+        raise HTTPException(404, f"no worker {worker_id} that is not revoked")
+    return summary(worker)
+
+
+NOT_FOUND = {404: {"description": "no such worker, or it is revoked"}}
+
+
+def add_routes(app: FastAPI, settings: WorkersSettings) -> None:
+    """The workers endpoints, on the app itself (its routes stay one flat list to inspect)."""
+
+    @app.post("/v1/workers/heartbeat", responses={**REFUSALS, **BODY_REFUSALS})
+    async def heartbeat(
+        body: HeartbeatRequest,
+        worker: Annotated[WorkerRecord, Depends(require_worker)],
+        liveness: Annotated[Liveness, Depends(_liveness)],
+    ) -> HeartbeatResponse:
+        beat = await asyncio.to_thread(
+            liveness.heartbeat, worker.id, healthy=body.healthy, detail=body.detail
+        )
+        if beat is None:  # revoked between the credential check and the write
+            raise HTTPException(
+                401, "unknown or revoked worker credential", headers={"WWW-Authenticate": "Bearer"}
+            )
+        return HeartbeatResponse(
+            interval_seconds=settings.heartbeat_interval_seconds,
+            draining=beat.draining,
+            state=beat.state,
+            work_id=beat.work_id,
+            stop_requested=beat.stop_requested,
+        )
+
+    for action, draining in (("drain", True), ("undrain", False)):
+        _add_drain(app, action, draining)
+
+    @app.delete(
+        "/v1/workers/{worker_id}",
+        dependencies=[Depends(require_operator)],
+        responses={**REFUSALS, **NOT_FOUND},
+    )
+    async def remove_worker(
+        worker_id: WorkerId, liveness: Annotated[Liveness, Depends(_liveness)]
+    ) -> WorkerSummary:
+        return _found(await asyncio.to_thread(liveness.remove, worker_id), worker_id)
+
+    @app.get("/v1/workers/me", responses=REFUSALS)
+    async def own_worker(
+        worker: Annotated[WorkerRecord, Depends(require_worker)],
+    ) -> WorkerSummary:
+        return summary(worker)
+
+    @app.get("/v1/workers", dependencies=[Depends(require_operator)], responses=REFUSALS)
+    async def list_workers(
+        records: Annotated[Records, Depends(_records)],
+        state: Annotated[str | None, Query(pattern=_STATES)] = None,
+        job: Annotated[str | None, Query(max_length=128)] = None,
+    ) -> WorkerList:
+        rows = await asyncio.to_thread(records.workers, state=state, job=job)
+        return WorkerList(workers=[summary(row) for row in rows])
+
+
+def _add_drain(app: FastAPI, action: str, draining: bool) -> None:
+    async def set_draining(
+        worker_id: WorkerId, liveness: Annotated[Liveness, Depends(_liveness)]
+    ) -> WorkerSummary:
+        row = await asyncio.to_thread(liveness.set_draining, worker_id, draining)
+        return _found(row, worker_id)
+
+    app.post(
+        f"/v1/workers/{{worker_id}}/{action}",
+        dependencies=[Depends(require_operator)],
+        responses={**REFUSALS, **NOT_FOUND},
+        name=f"{action}_worker",
+    )(set_draining)

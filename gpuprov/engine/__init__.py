@@ -1,0 +1,1 @@
+"""The worker process: wiring activities and workflows, schedules, the temporal binary."""

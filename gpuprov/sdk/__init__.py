@@ -1,0 +1,1 @@
+"""Talking to Temporal: the client other services use, the connection, the payload codec."""
