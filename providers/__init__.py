@@ -81,6 +81,6 @@ def build_all(settings: Sections) -> Built:
 
 
 def _load(target: str) -> Any:
-    # By name: an adapter loads only when built, and `lambda` (a keyword) only this way.
+    # By name: an adapter loads only when it is built, so the registry itself stays cheap.
     module_name, name = target.split(":")
     return getattr(importlib.import_module(module_name), name)

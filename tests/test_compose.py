@@ -87,7 +87,7 @@ def copy_sources() -> list[list[str]]:
 
 
 def subcommands() -> set[str]:
-    parser = cli._parser()
+    parser = cli.build_parser()
     actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
     return {name for action in actions for name in action.choices}
 
@@ -122,7 +122,7 @@ def assert_entry_point(argv: list[str]) -> None:
         assert callable(worker.main)
     elif argv[0] == "gpuprov":
         assert len(argv) > 1 and argv[1] in subcommands(), f"no `gpuprov {argv[1:]}` command"
-        cli._parser().parse_args(argv[1:])  # its flags parse too
+        cli.build_parser().parse_args(argv[1:])  # its flags parse too
     else:
         pytest.fail(f"{argv} is not an entry point of this project")
 

@@ -32,6 +32,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     listing.add_argument("--all", action="store_true", help="revoked keys too")
     revoke = actions.add_parser("revoke", help="revoke a key by id, or every live key by name")
     revoke.add_argument("key", metavar="ID|NAME")
+    parser.set_defaults(handler=command)
 
 
 def _rows(keys: list[OperatorKey], include_revoked: bool) -> str:

@@ -19,6 +19,7 @@ import asyncio
 import tempfile
 from collections.abc import Callable
 
+from gpuprov.cli.common import Commands
 from gpuprov.cli.dev import dev_stack
 from gpuprov.cli.render import progress_line, status_text
 from gpuprov.config import (
@@ -226,3 +227,9 @@ def main(hold: bool = False) -> int:
 
     status = asyncio.run(run_demo(hold=wait))
     return 0 if status.state is JobState.COMPLETED else 1
+
+
+def add_parser(commands: Commands) -> None:
+    demo = commands.add_parser("demo", help="run the fake-cloud failover story end to end")
+    demo.add_argument("--hold", action="store_true", help="keep the UI up until Enter")
+    demo.set_defaults(standalone=lambda args: main(hold=args.hold))

@@ -31,6 +31,7 @@ from temporalio.api.history.v1 import HistoryEvent
 from temporalio.client import Client
 
 from activities.bootstrap import AGENT_FILE, REMOTE_ROOT, BootstrapResult
+from gpuprov.cli.common import Commands
 from gpuprov.cli.demo import progress_printer
 from gpuprov.cli.dev import dev_stack
 from gpuprov.cli.local_sshd import LocalSshd, SshdUnavailable, running_sshd
@@ -276,3 +277,11 @@ def main(hold: bool = False) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0 if outcome.ok else 1
+
+
+def add_parser(commands: Commands) -> None:
+    demo_ssh = commands.add_parser(
+        "demo-ssh", help="a job bootstrapped over real SSH on this machine (a loopback sshd)"
+    )
+    demo_ssh.add_argument("--hold", action="store_true", help="keep the UI and sshd up until Enter")
+    demo_ssh.set_defaults(standalone=lambda args: main(hold=args.hold))

@@ -6,6 +6,7 @@ server keeps its state in a SQLite file under the data dir and registers the sea
 
 from __future__ import annotations
 
+import argparse
 import socket
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -18,7 +19,9 @@ from temporalio.testing import WorkflowEnvironment
 from gpuprov import contract
 from gpuprov.api.app import create_app, serving
 from gpuprov.api.codec_server import create_codec_app, endpoint_url, ui_origins
+from gpuprov.cli.common import Commands, until_signalled
 from gpuprov.config import FakeProviderConfig, Settings
+from gpuprov.engine import schedules
 from gpuprov.engine.binaries import temporal_binary
 from gpuprov.engine.worker import running_worker
 from gpuprov.sdk.codec import codec_for, data_converter
@@ -115,3 +118,28 @@ async def dev_stack(
             )
     finally:
         await env.shutdown()
+
+
+def add_parser(commands: Commands) -> None:
+    commands.add_parser("dev", help="dev server + UI + worker, until Ctrl-C").set_defaults(
+        handler=_dev
+    )
+
+
+async def _dev(settings: Settings, args: argparse.Namespace) -> int:
+    settings = with_default_cloud(settings)
+    async with dev_stack(settings) as stack:
+        reconciler, liveness = await schedules.apply_schedules(stack.client, settings)
+        print(f"Temporal dev server at {stack.address}, Web UI at {stack.ui_url}")
+        print(schedules.describe(settings, reconciler))
+        print(schedules.describe_liveness(settings, liveness))
+        print(f"control-plane API at {stack.api_url}")
+        if stack.codec_url:
+            print(f"payloads encrypted; codec server for the UI at {stack.codec_url}")
+        print(
+            f"worker on task queue {settings.temporal.task_queue}; "
+            f"providers: {', '.join(settings.providers.enabled_ids())}. Ctrl-C stops."
+        )
+        await until_signalled()
+    print("stopped")
+    return 0

@@ -44,6 +44,7 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="recorded with the termination",
     )
     end.add_argument("--yes", action="store_true", help="do not ask for confirmation")
+    end.set_defaults(handler=command)
 
 
 async def command(settings: Settings, args: argparse.Namespace) -> int:

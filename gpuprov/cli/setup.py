@@ -261,6 +261,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         help="history retention if the namespace has to be created "
         f"(default {DEFAULT_RETENTION.days})",
     )
+    parser.set_defaults(handler=command)
 
 
 async def command(settings: Settings, args: argparse.Namespace) -> int:

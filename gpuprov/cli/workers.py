@@ -40,6 +40,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
         ("remove", "revoke a worker and its credential; its job is told, its agent stops"),
     ):
         actions.add_parser(action, help=text).add_argument("worker_id", metavar="ID")
+    parser.set_defaults(handler=command)
 
 
 def _ago(moment: datetime | None, now: datetime) -> str:

@@ -14,7 +14,6 @@ Called by `gpuprov setup`, `gpuprov schedules apply` and `gpuprov dev`.
 
 from __future__ import annotations
 
-import argparse
 from datetime import timedelta
 from typing import Literal
 
@@ -35,8 +34,6 @@ from temporalio.client import (
 from gpuprov import contract
 from gpuprov.config import ReconcileSettings, Settings, WorkersSettings
 from gpuprov.contract import ReconcileInput, WatchInput
-from gpuprov.engine.worker import connect
-from gpuprov.sdk.client import GpuprovError
 from providers.base import Model
 
 SCHEDULE_ID = "gpuprov-reconcile"
@@ -163,27 +160,6 @@ async def _matches(
     return arg == goal.args[0]
 
 
-# ---------------------------------------------------------------- `gpuprov schedules apply`
-
-
-def add_parser(commands: argparse._SubParsersAction) -> None:
-    parser = commands.add_parser(
-        "schedules",
-        help="Temporal Schedules gpuprov needs (the orphan reconciler, the liveness sweep)",
-    )
-    actions = parser.add_subparsers(dest="schedules_command", required=True)
-    actions.add_parser(
-        "apply",
-        help="create or update the reconciler's and the liveness sweep's Schedules (idempotent)",
-        description=(
-            f"Create the Schedule {SCHEDULE_ID} that runs the orphan reconciler every "
-            f"[reconcile] every_seconds, and {LIVENESS_SCHEDULE_ID} that sweeps worker liveness "
-            "every [workers] sweep_every_seconds, on the task queue; or update them to match "
-            "the settings."
-        ),
-    )
-
-
 def describe(settings: Settings, outcome: Outcome) -> str:
     reconcile = settings.reconcile
     return (
@@ -199,15 +175,3 @@ def describe_liveness(settings: Settings, outcome: Outcome) -> str:
         f"{workers.sweep_every_seconds}s, lost after {workers.lost_after_seconds:g}s, "
         f"task queue {settings.temporal.task_queue})"
     )
-
-
-async def command(settings: Settings, args: argparse.Namespace) -> int:
-    try:
-        client = await connect(settings.temporal, codec=settings.codec)
-    except RuntimeError as error:
-        address = settings.temporal.address
-        raise GpuprovError(f"cannot reach Temporal at {address}: {error}") from None
-    reconciler, liveness = await apply_schedules(client, settings)
-    print(describe(settings, reconciler))
-    print(describe_liveness(settings, liveness))
-    return 0

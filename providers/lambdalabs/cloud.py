@@ -100,7 +100,7 @@ class LambdaCloud(CloudProvider):
         api_key: str | None = None,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        """Built by the registry with the `[providers.lambdalabs]` section (MissingCredentials when
+        """Built by the registry with the `[providers.lambda]` section (MissingCredentials when
         it yields no key). Tests pass `api_key` (and a `base_url` in the config, or an httpx
         `transport`), so they never read the environment or key files."""
         self.config = config
@@ -145,7 +145,7 @@ class LambdaCloud(CloudProvider):
         else:
             raise ProviderError(
                 ErrorKind.INVALID_REQUEST,
-                "Lambda launches need exactly one SSH key: set [providers.lambdalabs] ssh_key_name "
+                "Lambda launches need exactly one SSH key: set [providers.lambda] ssh_key_name "
                 "to a key in the account, or give the VM an ssh_public_key",
             )
         ruleset = None

@@ -1,8 +1,8 @@
-"""The `[providers.lambdalabs]` section: Lambda Cloud credentials, regions, SSH key, image, who
+"""The `[providers.lambda]` section: Lambda Cloud credentials, regions, SSH key, image, who
 reaches a job's ports, and timing hints.
 
 ```toml
-[providers.lambdalabs]
+[providers.lambda]
 # api_key_file = "~/.lambda/api-key"    # or api_key, or $LAMBDA_API_KEY
 regions = ["us-east-1", "us-south-2"]   # allow-list; unset = every region Lambda offers
 ssh_key_name = "ops-team"               # account key for VMs whose spec carries no public key

@@ -7,7 +7,6 @@ join.env, over plain HTTP or HTTPS with a private CA the node pins."""
 from __future__ import annotations
 
 import ast
-import importlib
 import json
 import random
 import re
@@ -29,13 +28,13 @@ from providers.aws.cloud import MAX_USER_DATA_BYTES as EC2_LIMIT
 from providers.base import InstanceSpec, NodeBootstrap
 from providers.errors import ProviderError
 from providers.gce.instance_body import MAX_USER_DATA_BYTES as GCE_LIMIT
+from providers.lambdalabs.cloud import MAX_USER_DATA as LAMBDA_LIMIT
 from providers.userdata import compressed_user_data, user_data
 from tests import cloudinit
 from tests.gpuprov.test_agent import AGENT_FILE
 from tests.nodes import CloudInitNode, gpu_path, serving_api, unit_value
 from tests.tls import Pki
 
-LAMBDA_LIMIT = importlib.import_module("providers.lambdalabs.cloud").MAX_USER_DATA
 VM = "train-7b-a1-n0-ce4389"
 TOKEN = "tok-Zq8vJ3nX0aB4cD5eF6gH7iJ8kL9mN0pQ"
 

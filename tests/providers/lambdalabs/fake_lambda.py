@@ -12,7 +12,6 @@ or whatever `launch_answers[(region, type)]` says.
 from __future__ import annotations
 
 import copy
-import importlib
 import itertools
 import json
 from typing import Any
@@ -20,13 +19,14 @@ from typing import Any
 import httpx
 import respx
 
+from providers.lambdalabs import cloud as cloud_module
+from providers.lambdalabs import config as config_module
+
 from .fixtures import API, API_KEY, IMAGES, INSTANCE_TYPES, USER_KEY
 from .fixtures import error as error_body
 from .fixtures import instance as instance_body
 from .fixtures import region as region_body
 
-cloud_module = importlib.import_module("providers.lambdalabs.cloud")
-config_module = importlib.import_module("providers.lambdalabs.config")
 LambdaCloud = cloud_module.LambdaCloud
 LambdaConfig = config_module.LambdaConfig
 

@@ -4,7 +4,6 @@ delete (one id per call) and diagnose."""
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import logging
 
@@ -24,14 +23,13 @@ from providers.base import (
     Verdict,
 )
 from providers.errors import ErrorKind, ProviderError
+from providers.lambdalabs.client import LambdaClient
 from tests import cloudinit
 from tests.providers.scrubbing import activity_failure
 from tests.providers.wire import assert_never_sent, carries
 
 from . import fixtures as fx
 from .fake_lambda import FakeLambda
-
-LambdaClient = importlib.import_module("providers.lambdalabs.client").LambdaClient
 
 VM = "train-a1-n0-abc123"
 EAST = Location(provider="lambda", region="us-east-3")

@@ -4,18 +4,16 @@ The launch's user data is built by providers/userdata.py (tests/providers/test_u
 
 from __future__ import annotations
 
-import importlib
 from datetime import UTC, datetime
 
 import pytest
 
 from providers.base import InstanceStatus
 from providers.errors import ErrorKind, ProviderError
+from providers.lambdalabs import errors, parse
 
 from . import fixtures as fx
 
-errors = importlib.import_module("providers.lambdalabs.errors")
-parse = importlib.import_module("providers.lambdalabs.parse")
 Op = errors.Op
 NOW = datetime(2026, 8, 1, tzinfo=UTC)
 

@@ -1,0 +1,49 @@
+"""`gpuprov api`: run the control-plane API (gpuprov/api/) until Ctrl-C or SIGTERM, once the
+database answers."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from gpuprov.api.app import create_app, serving
+from gpuprov.cli.common import Commands, stop_on_signals
+from gpuprov.config import Settings
+from gpuprov.engine.worker import open_records_patiently
+from gpuprov.sdk.connection import connect_temporal
+
+
+def add_parser(commands: Commands) -> None:
+    commands.add_parser("api", help="run the control-plane API until Ctrl-C").set_defaults(
+        handler=_api
+    )
+
+
+async def _api(settings: Settings, args: argparse.Namespace) -> int:
+    stop = stop_on_signals()
+    records = await open_records_patiently(
+        settings.database_url,
+        settings.database.wait_seconds,
+        lambda line: print(f"waiting for the database: {line}", file=sys.stderr),
+        stop,
+    )
+    if records is None:
+        return 130
+    try:
+        app = create_app(
+            records,
+            workers=settings.workers,
+            jobs=settings.jobs,
+            temporal=lambda: connect_temporal(settings.temporal, codec=settings.codec),
+        )
+        api = settings.api
+        tls = {"tls_cert_file": api.tls_cert_file, "tls_key_file": api.tls_key_file}
+        async with serving(app, api.host, api.port, **tls):
+            scheme = "https" if api.https else "http"
+            print(f"control-plane API at {scheme}://{api.host}:{api.port}")
+            print(f"nodes are told to use {settings.api.url}. Ctrl-C stops.")
+            await stop.wait()
+    finally:
+        records.db.dispose()
+    print("stopped")
+    return 0
