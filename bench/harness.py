@@ -96,7 +96,7 @@ async def bench_worker(
     """An in-process gpuprov worker on a fresh task queue, a fresh fake cloud and a fresh
     SQLite database in a temp dir (blocks from one scenario never steer the next)."""
     with tempfile.TemporaryDirectory(prefix="gpuprov-bench-") as data_dir:
-        records = open_records(f"sqlite:///{data_dir}/gpuprov.store.db")
+        records = open_records(f"sqlite:///{data_dir}/gpuprov.db")
         cloud = TimedCloud(config, trace=trace)
         task_queue = f"bench-{uuid.uuid4().hex[:10]}"
         worker = build_worker(

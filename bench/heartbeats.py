@@ -189,7 +189,7 @@ async def _phase(api_pid: int, request: LoadRequest) -> Phase:
 async def heartbeats(agents: int, interval: float, seconds: float, burst: float) -> HeartbeatRun:
     run = HeartbeatRun(agents=agents, interval=interval, seconds=seconds, burst_seconds=burst)
     with tempfile.TemporaryDirectory(prefix="gpuprov-bench-hb-") as directory:
-        database_url = f"sqlite:///{directory}/gpuprov.store.db"
+        database_url = f"sqlite:///{directory}/gpuprov.db"
         credentials = Path(directory) / "credentials"
         await asyncio.to_thread(register_workers, database_url, agents, credentials)
         port = free_port()

@@ -107,7 +107,7 @@ class ChaosRun:
         )
         self.data_dir = Path(tempfile.mkdtemp(prefix="gpuprov-chaos-"))
         self.task_queue = f"chaos-{options.seed}-{uuid.uuid4().hex[:8]}"
-        self.database_url = f"sqlite:///{self.data_dir / 'gpuprov.store.db'}"
+        self.database_url = f"sqlite:///{self.data_dir / 'gpuprov.db'}"
         self.state_path = self.data_dir / "fake-cloud.db"
         self.config_path = self.data_dir / "gpuprov.toml"  # with the fault rules
         self.calm_config_path = self.data_dir / "gpuprov-calm.toml"  # without

@@ -430,7 +430,7 @@ class Settings(Model):
 
     @property
     def database_url(self) -> str:
-        return self.database.url or f"sqlite:///{self.temporal.data_dir}/gpuprov.store.db"
+        return self.database.url or f"sqlite:///{self.temporal.data_dir}/gpuprov.db"
 
 
 def _parse_env_value(raw: str) -> Any:

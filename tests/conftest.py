@@ -71,7 +71,7 @@ def job_name(request: pytest.FixtureRequest) -> str:
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh, empty database per test, on SQLite (a file) and on the session's PostgreSQL."""
     if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'gpuprov.store.db'}"
+        yield f"sqlite:///{tmp_path / 'gpuprov.db'}"
         return
     scratch = request.getfixturevalue("postgres_scratch")
     url = scratch.create()

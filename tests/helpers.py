@@ -83,7 +83,7 @@ async def fake_worker(
 ) -> AsyncIterator[tuple[GpuprovClient, FakeCloud]]:
     """A worker with the fake cloud and a real database (a fresh SQLite file unless given)."""
     with tempfile.TemporaryDirectory(prefix="gpuprov-test-") as data_dir:
-        own_records = records or open_records(f"sqlite:///{data_dir}/gpuprov.store.db")
+        own_records = records or open_records(f"sqlite:///{data_dir}/gpuprov.db")
         cloud = cloud_type(config, shuffle_offers=shuffle_offers)
         worker = build_worker(
             client, task_queue, {"fake": cloud}, own_records, api_url=api_url, sandboxed=sandboxed

@@ -172,7 +172,7 @@ async def agent_stack(
     """A worker over `providers` with a fresh SQLite database and the real API its nodes
     register with, running the SSH bootstrap for the providers in `ssh_bootstrap` (what
     their sections say in production)."""
-    records = open_records(f"sqlite:///{directory / 'gpuprov.store.db'}")
+    records = open_records(f"sqlite:///{directory / 'gpuprov.db'}")
     keys = KeyStore(SshRecords(records.db), directory=directory / "worker-ssh")
     try:
         async with serving_api(records) as api_url:

@@ -61,7 +61,7 @@ class Stack:
 
 @asynccontextmanager
 async def stack(client, task_queue: str, tmp_path: Path, fake: str) -> AsyncIterator[Stack]:
-    database = f"sqlite:///{tmp_path / 'gpuprov.store.db'}"
+    database = f"sqlite:///{tmp_path / 'gpuprov.db'}"
     records = open_records(database)
     port = free_port()
     config = tmp_path / "gpuprov.toml"

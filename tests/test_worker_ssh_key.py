@@ -31,7 +31,7 @@ task_queue = "{task_queue}"
 data_dir = "{tmp_path / name}"
 
 [database]
-url = "sqlite:///{tmp_path / "gpuprov.store.db"}"
+url = "sqlite:///{tmp_path / "gpuprov.db"}"
 
 [providers.fake]
 ssh_bootstrap = true
@@ -111,7 +111,7 @@ def test_a_worker_given_the_key_in_its_environment_starts_and_never_logs_it(
     text = log.read_text()
     assert not [chunk for chunk in pem.splitlines()[1:-1] if chunk in text]
     assert not (tmp_path / "worker" / "ssh" / "client_ed25519").exists()
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
     [row] = SshRecords(records.db).client_keys()
     records.db.dispose()
     assert (row.fingerprint, row.source) == (fingerprint, "configured")

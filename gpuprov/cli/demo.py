@@ -121,7 +121,7 @@ async def run_demo(
     with tempfile.TemporaryDirectory(prefix="gpuprov-demo-") as data_dir:
         settings = Settings(
             temporal=TemporalSettings(data_dir=data_dir),
-            database=DatabaseSettings(url=f"sqlite:///{data_dir}/gpuprov.store.db"),
+            database=DatabaseSettings(url=f"sqlite:///{data_dir}/gpuprov.db"),
             providers=ProvidersSettings(fake=demo_cloud(f"{data_dir}/fake-cloud.db")),
             workers=WorkersSettings(heartbeat_interval_seconds=HEARTBEAT, lost_after_seconds=10),
         )

@@ -107,7 +107,7 @@ async def run_demo_ssh(
             out(f"  host key {sshd.host_fingerprint}; sessions get HOME={sshd.home}")
             settings = Settings(
                 temporal=TemporalSettings(data_dir=data_dir),
-                database=DatabaseSettings(url=f"sqlite:///{data_dir}/gpuprov.store.db"),
+                database=DatabaseSettings(url=f"sqlite:///{data_dir}/gpuprov.db"),
                 providers=ProvidersSettings(ssh=ssh_pool(sshd, data_dir)),
             )
             async with dev_stack(settings) as stack:

@@ -126,7 +126,7 @@ async def control_plane(records: Records) -> AsyncIterator[ControlPlane]:
 @pytest.fixture
 def records(tmp_path: Path) -> Records:
     """SQLite only: bootstrap's database use is mint_token and reads (tested on both elsewhere)."""
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
     records.record_vm(
         job=JOB, node_index=0, attempt=1, vm=VM, provider="ssh", region="owned", zone=None
     )

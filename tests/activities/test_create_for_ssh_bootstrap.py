@@ -102,7 +102,7 @@ async def test_no_host_key_is_made_where_the_machine_runs_no_cloud_init(keys: Ke
 async def test_prepare_sees_the_client_key_only_where_the_core_bootstraps_over_ssh(
     tmp_path: Path, bootstrapped: bool
 ) -> None:
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
     keys = KeyStore(SshRecords(records.db), directory=tmp_path / "keys")
     cloud = RecordingCloud(cloud_init=False)
     activities = CloudActivities(
@@ -119,7 +119,7 @@ async def test_prepare_sees_the_client_key_only_where_the_core_bootstraps_over_s
 
 
 async def test_the_cloud_gets_no_join_token_where_bootstrap_brings_its_own(tmp_path: Path) -> None:
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
     keys = KeyStore(SshRecords(records.db), directory=tmp_path / "keys")
     cloud = RecordingCloud(cloud_init=True)
     enrolment = Enrolment(records, "http://api:8080", timedelta(minutes=5))

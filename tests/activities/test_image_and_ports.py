@@ -91,7 +91,7 @@ async def test_a_job_without_image_or_ports_makes_no_port_rule(client, task_queu
 
 
 async def test_an_existing_worker_is_not_reserved_for_a_job_naming_an_image(tmp_path: Path):
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
     capabilities = WorkerCapabilities.model_validate(
         {"gpus": [{"name": "NVIDIA H100 80GB HBM3"}] * 8, "gpu_runtime_ok": True}
     ).model_dump(mode="json")

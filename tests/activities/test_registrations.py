@@ -14,7 +14,7 @@ from tests.tls import Pki
 
 
 async def test_the_probe_trusts_the_apis_private_ca_and_sees_an_outage_without_it(tmp_path: Path):
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
     pki = Pki(tmp_path / "pki")
     port = free_port()
     tls = {

@@ -80,7 +80,7 @@ def _operations() -> list[Any]:
 @pytest.fixture
 def records(tmp_path: Path) -> Iterator[Records]:
     """A migrated SQLite file (shadows conftest's SQLite + PostgreSQL `records`)."""
-    database = Database(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    database = Database(f"sqlite:///{tmp_path / 'gpuprov.db'}")
     database.upgrade()
     yield Records(database)
     database.dispose()

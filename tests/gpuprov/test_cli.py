@@ -148,7 +148,7 @@ async def test_submit_wait_follows_a_job_that_runs_its_work_to_its_end(
         f"name: {job_name}\nresources:\n  gpu: h100\n  gpus_per_node: 8\n"
         "placement:\n  providers: [fake]\nrun: echo hello from rank $GPUPROV_NODE_RANK\n"
     )
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
     try:
         # the simulated agents run the work for real (run_work), as a node's agent does
         async with worker_with_api(client, task_queue, records, run_work=True):
@@ -185,7 +185,7 @@ async def test_a_command_whose_database_is_unreachable_says_so_in_one_line(args)
 
 @pytest.mark.parametrize("follow", [False, True], ids=["once", "follow"])
 async def test_logs_of_no_such_job_is_an_error_naming_it(client, tmp_path, follow):
-    database_url = f"sqlite:///{tmp_path / 'gpuprov.store.db'}"
+    database_url = f"sqlite:///{tmp_path / 'gpuprov.db'}"
     open_records(database_url).db.dispose()  # a database that holds no output at all
     env = {
         "GPUPROV_TEMPORAL__ADDRESS": client.service_client.config.target_host,

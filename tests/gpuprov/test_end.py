@@ -67,7 +67,7 @@ class Setup:
 def setup(
     client: Client, task_queue: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Setup]:
-    database_url = f"sqlite:///{tmp_path / 'gpuprov.store.db'}"
+    database_url = f"sqlite:///{tmp_path / 'gpuprov.db'}"
     monkeypatch.delenv("GPUPROV_CONFIG", raising=False)
     monkeypatch.setenv("GPUPROV_DATABASE__URL", database_url)
     monkeypatch.setenv("GPUPROV_TEMPORAL__TASK_QUEUE", task_queue)

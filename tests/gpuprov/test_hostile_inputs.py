@@ -292,7 +292,7 @@ async def assert_no_workflow(client: Client, task_queue: str, job: str) -> None:
 @pytest.fixture
 def cli_records(tmp_path: Path) -> Iterator[Records]:
     """The SQLite database the CLI is pointed at, migrated so that its rows can be compared."""
-    opened = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    opened = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
     yield opened
     opened.db.dispose()
 

@@ -387,7 +387,7 @@ def test_threads_upgrading_at_once_do_not_trip_over_alembic_globals(database_url
 
 
 def test_sqlite_file_gets_its_directory_wal_and_busy_timeout(tmp_path: Path):
-    path = tmp_path / "nested" / "dir" / "gpuprov.store.db"
+    path = tmp_path / "nested" / "dir" / "gpuprov.db"
     db = Database(f"sqlite:///{path}")
     try:
         db.upgrade()

@@ -46,7 +46,7 @@ async def bare_server() -> AsyncIterator[tuple[WorkflowEnvironment, str]]:
 def settings_for(address: str, namespace: str, tmp_path: Path) -> Settings:
     return Settings(
         temporal=TemporalSettings(address=address, namespace=namespace),
-        database=DatabaseSettings(url=f"sqlite:///{tmp_path / 'gpuprov.store.db'}"),
+        database=DatabaseSettings(url=f"sqlite:///{tmp_path / 'gpuprov.db'}"),
     )
 
 

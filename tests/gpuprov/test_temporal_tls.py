@@ -115,7 +115,7 @@ async def test_worker_and_cli_run_a_job_through_mtls(
         pki,
         GPUPROV_TEMPORAL__TASK_QUEUE=task_queue,
         GPUPROV_TEMPORAL__DATA_DIR=str(tmp_path / "data"),
-        GPUPROV_DATABASE__URL=f"sqlite:///{tmp_path / 'gpuprov.store.db'}",
+        GPUPROV_DATABASE__URL=f"sqlite:///{tmp_path / 'gpuprov.db'}",
         GPUPROV_PROVIDERS__FAKE__BOOT_DELAY_SECONDS="0.2",
         GPUPROV_PROVIDERS__FAKE__POLL_INTERVAL="0.1",
     )
@@ -217,7 +217,7 @@ async def test_worker_without_a_trusted_client_certificate_stops_at_once(
     """Refused is not unreachable: the worker does not retry, it says why and exits 2."""
     overrides, expected = WRONG_CLIENT[case]
     env = mtls_env(front, pki, **{k: _fill(v, front, pki) for k, v in overrides.items()})
-    env["GPUPROV_DATABASE__URL"] = f"sqlite:///{tmp_path / 'gpuprov.store.db'}"
+    env["GPUPROV_DATABASE__URL"] = f"sqlite:///{tmp_path / 'gpuprov.db'}"
     log = tmp_path / "worker.log"
     worker = await run_worker(env, log)
     await asyncio.wait_for(worker.wait(), 60)
@@ -331,7 +331,7 @@ async def test_the_api_reaches_temporal_over_mtls_serves_https_and_honours_opera
     env = mtls_env(
         front,
         pki,
-        GPUPROV_DATABASE__URL=f"sqlite:///{tmp_path / 'gpuprov.store.db'}",
+        GPUPROV_DATABASE__URL=f"sqlite:///{tmp_path / 'gpuprov.db'}",
         GPUPROV_API__PORT=str(port),
         GPUPROV_API__TLS_CERT_FILE=str(pki.path("server.pem")),
         GPUPROV_API__TLS_KEY_FILE=str(pki.path("server.key")),

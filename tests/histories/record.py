@@ -448,7 +448,7 @@ async def replays(scenario: Scenario, text: str) -> None:
 async def record_one(client: Client, scenario: Scenario) -> tuple[int, int]:
     """Play the scenario, check its history, write it: (bytes written, tokens scanned for)."""
     with tempfile.TemporaryDirectory(prefix="gpuprov-history-") as data_dir:
-        records = open_records(f"sqlite:///{data_dir}/gpuprov.store.db")
+        records = open_records(f"sqlite:///{data_dir}/gpuprov.db")
         run = Run(client, records, scenario.job_name, TASK_QUEUE)
         try:
             await scenario.play(run)

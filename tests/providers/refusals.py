@@ -29,7 +29,7 @@ async def refused(
     """PlanOffers for `spec`'s request, then `spec` run to its end, on one worker holding only
     `provider`."""
     with tempfile.TemporaryDirectory(prefix="gpuprov-test-") as data_dir:
-        records = open_records(f"sqlite:///{data_dir}/gpuprov.store.db")
+        records = open_records(f"sqlite:///{data_dir}/gpuprov.db")
         worker = build_worker(
             client, task_queue, {provider.name: provider}, records, api_url="http://127.0.0.1:9"
         )

@@ -273,7 +273,7 @@ def registered_token(records: Records, api_url: str, vm: str = VM) -> str:
 
 
 async def test_the_unit_checks_the_pin_then_registers_the_node_through_the_api(tmp_path: Path):
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
     try:
         async with serving_api(records) as api_url:
             token = registered_token(records, api_url)
@@ -299,7 +299,7 @@ async def test_the_unit_checks_the_pin_then_registers_the_node_through_the_api(t
 
 
 async def test_an_agent_that_does_not_match_its_pin_never_runs_and_spends_nothing(tmp_path: Path):
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
     try:
         async with serving_api(records) as api_url:
             token = registered_token(records, api_url)
@@ -331,7 +331,7 @@ async def test_over_https_the_node_pins_the_private_ca_it_was_given(tmp_path: Pa
         "tls_cert_file": str(pki.path("server.pem")),
         "tls_key_file": str(pki.path("server.key")),
     }
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
     try:
         async with serving_api(records, **tls) as api_url:
             token = registered_token(records, api_url)

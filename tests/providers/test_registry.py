@@ -104,7 +104,7 @@ async def test_offers_say_which_clouds_were_skipped(client: Client, task_queue: 
     cloud = FakeCloud(fast_cloud())
     skipped = {"runpod": "no API key: set RUNPOD_API_KEY, or api_key_file or api_key"}
     with tempfile.TemporaryDirectory() as data_dir:
-        records = open_records(f"sqlite:///{data_dir}/gpuprov.store.db")
+        records = open_records(f"sqlite:///{data_dir}/gpuprov.db")
         worker = build_worker(
             client, task_queue, {"fake": cloud}, records, api_url="http://x", skipped=skipped
         )

@@ -41,7 +41,7 @@ from worker import connect_patiently
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Records:
-    return open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    return open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
 
 
 async def test_a_cleanup_that_fails_for_good_is_an_orphan_the_reconciler_cleans_up(

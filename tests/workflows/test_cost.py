@@ -34,7 +34,7 @@ PER_MINUTE = Billing(granularity_seconds=60, minimum_seconds=60, source="test te
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Records:
-    return open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    return open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
 
 
 def rows(records: Records, table) -> list:

@@ -138,7 +138,7 @@ def _config(primitive: str, faults: list[FaultRule]):
 async def test_fault_free_run_calls_each_primitive_once(client, task_queue, job_name, tmp_path):
     """The control the retried cells compare against: one call of each primitive, and one
     list call in the wait for running of an instantly booting machine."""
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
     config = _config("list", [])
     async with fake_worker(client, task_queue, config, records, shuffle_offers=SHUFFLED) as (
         gpuprov,
@@ -187,7 +187,7 @@ async def test_fault_matrix(
     expect = _expected(primitive, kind)
     rule = _fault(primitive, kind, job_name)
     config = _config(primitive, [rule])
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
     async with fake_worker(client, task_queue, config, records, shuffle_offers=SHUFFLED) as (
         gpuprov,
         cloud,

@@ -128,7 +128,7 @@ async def test_a_hostile_raw_start_fails_at_once_naming_the_field(
     start = cases(job_name)[case]
     workflow_id = f"job-{job_name}"
     with tempfile.TemporaryDirectory() as data_dir:
-        url = f"sqlite:///{data_dir}/gpuprov.store.db"
+        url = f"sqlite:///{data_dir}/gpuprov.db"
         records = open_records(url)
         try:
             async with fake_worker(client, task_queue, fast_cloud(), records) as (_, cloud):

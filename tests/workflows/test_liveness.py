@@ -34,7 +34,7 @@ from workflows.liveness import WatchWorkers
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Records:
-    return open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    return open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
 
 
 def existing_worker(

@@ -38,7 +38,7 @@ FAST = WorkersSettings(heartbeat_interval_seconds=0.3, lost_after_seconds=2)
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Records:
-    return open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    return open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
 
 
 @asynccontextmanager

@@ -50,7 +50,7 @@ TEARDOWN_STEPS = ["retire", "resolve_orphan"]
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Records:
-    return open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    return open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
 
 
 async def plant(cloud: FakeCloud, vm: str, region: str = "r1") -> list[str]:

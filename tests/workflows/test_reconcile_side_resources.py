@@ -38,7 +38,7 @@ from tests.workflows.test_reconcile import plant, reconcile
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Records:
-    return open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    return open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
 
 
 async def prepare_only(cloud: FakeCloud, vm: str, region: str = "r1", **spec: object) -> None:

@@ -42,7 +42,7 @@ from tests.helpers import (
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Records:
-    return open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    return open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
 
 
 @asynccontextmanager

@@ -80,7 +80,7 @@ class Nodes:
 
 @pytest.fixture
 def records(tmp_path: Path) -> Records:
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
     yield records
     records.db.dispose()
 

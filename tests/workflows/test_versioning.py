@@ -77,7 +77,7 @@ async def test_a_running_job_finishes_on_a_worker_with_gated_new_code(
     client: Client, task_queue: str, job_name: str
 ) -> None:
     with tempfile.TemporaryDirectory() as data_dir:
-        records = open_records(f"sqlite:///{data_dir}/gpuprov.store.db")
+        records = open_records(f"sqlite:///{data_dir}/gpuprov.db")
         cloud = FakeCloud(fast_cloud())
         try:
             await _ready_on_todays_code(client, task_queue, cloud, records, job_name)
@@ -114,7 +114,7 @@ async def test_the_same_change_without_the_gate_breaks_the_running_job(
     client: Client, task_queue: str, job_name: str
 ) -> None:
     with tempfile.TemporaryDirectory() as data_dir:
-        records = open_records(f"sqlite:///{data_dir}/gpuprov.store.db")
+        records = open_records(f"sqlite:///{data_dir}/gpuprov.db")
         cloud = FakeCloud(fast_cloud())
         try:
             await _ready_on_todays_code(client, task_queue, cloud, records, job_name)

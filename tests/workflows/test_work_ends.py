@@ -21,7 +21,7 @@ from tests.workflows.test_work_on_nodes import real_nodes
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Iterator[Records]:
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
     yield records
     records.db.dispose()
 

@@ -43,7 +43,7 @@ JOBS = JobsSettings(stop_grace_seconds=3)
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Records:
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
     yield records
     records.db.dispose()
 
@@ -237,7 +237,7 @@ def ledger_is_empty(path: Path) -> bool:
 async def test_a_worker_killed_mid_run_the_job_goes_on_and_the_work_started_once(
     client, task_queue, job_name, tmp_path
 ):
-    database = f"sqlite:///{tmp_path / 'gpuprov.store.db'}"
+    database = f"sqlite:///{tmp_path / 'gpuprov.db'}"
     records = open_records(database)
     port = free_port()
     starts = tmp_path / "starts"

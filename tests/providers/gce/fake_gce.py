@@ -512,7 +512,7 @@ async def gce_worker(
     """A gpuprov worker over `providers` (e.g. {"gce": fake.cloud(), "aws": ...}) and a fresh
     SQLite database; closes the providers afterwards."""
     with tempfile.TemporaryDirectory(prefix="gpuprov-gce-") as data_dir:
-        records = open_records(f"sqlite:///{data_dir}/gpuprov.store.db")
+        records = open_records(f"sqlite:///{data_dir}/gpuprov.db")
         worker = build_worker(client, task_queue, providers, records, api_url=api_url)
         try:
             async with worker:

@@ -63,7 +63,7 @@ def rows(records: Any, table: Any) -> list[Any]:
 async def test_a_job_fails_over_to_the_reachable_machine_registers_and_releases_it(
     tmp_path: Path, client: Client, task_queue: str, job_name: str
 ) -> None:
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
     port = free_port()
     api_url = f"http://127.0.0.1:{port}"
     with running_sshd(tmp_path / "sshd", rsa_too=True) as sshd:

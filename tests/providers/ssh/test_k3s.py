@@ -61,7 +61,7 @@ async def test_a_k3s_job_runs_the_server_on_node_0_and_joins_the_others(
         data_dir=str(tmp_path / "k3s-data"),
         kubeconfig=str(tmp_path / "k3s.yaml"),
     )
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.store.db'}")
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
     port = free_port()
     api_url = f"http://127.0.0.1:{port}"
     with running_sshd(tmp_path / "sshd-a") as box_a, running_sshd(tmp_path / "sshd-b") as box_b:
