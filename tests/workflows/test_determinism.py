@@ -34,7 +34,7 @@ FORBIDDEN_MODULES = {
     "sqlmodel": "database I/O: use a (local) activity",
     "pathlib": "files: use an activity",
     "gpuprov.store.records": "database I/O: use a (local) activity",
-    "gpuprov.db": "database I/O: use a (local) activity",
+    "gpuprov.store.db": "database I/O: use a (local) activity",
 }
 # Attribute calls that read the wall clock or the environment, whatever they were imported as.
 FORBIDDEN_CALLS = {
