@@ -27,13 +27,13 @@ from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from activities.errors import truncate
 from gpuprov.models import WorkerLiveness
 from gpuprov.sdk.signals import tell_workers_changed
 from gpuprov.store.db import WorkerRecord
 from gpuprov.store.liveness import Liveness
 from gpuprov.store.records import Records
 from providers.base import Model
+from providers.errors import truncate
 
 MAX_NOTIFIED_PER_SWEEP = 1000  # workers; the rest wait for the next sweep
 PARALLEL_SIGNALS = 20

@@ -44,14 +44,13 @@ from pydantic import Field
 from temporalio import activity
 from temporalio.client import Client
 
-from activities.errors import truncate
 from activities.heartbeat import Heartbeater
 from activities.store import record_possible_orphan
 from gpuprov.sdk.owners import Standing, job_situation
 from gpuprov.store.db import OrphanRecord, VmRecord, utcnow
 from gpuprov.store.records import Records
 from providers.base import CloudProvider, Location, Model, Observed
-from providers.errors import ProviderError, redact
+from providers.errors import ProviderError, redact, truncate
 
 # A pass deletes at most this many machines (about 35 history events each); the rest wait for
 # the next pass, so one pass's history stays far below Temporal's limits.

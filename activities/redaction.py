@@ -31,9 +31,9 @@ from typing import Any, TypeVar
 from pydantic import BaseModel
 from temporalio.exceptions import ApplicationError, FailureError
 
-from activities.errors import to_application_error, truncate
+from activities.errors import to_application_error
 from providers.base import CloudProvider, InstanceSpec
-from providers.errors import ProviderError, redact
+from providers.errors import ProviderError, redact, truncate
 
 # A PEM private key's body, its lines split by newlines or, inside JSON, by escaped ones.
 _PRIVATE_KEY = re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY-----(.*?)-----END", re.DOTALL)

@@ -14,15 +14,9 @@ from temporalio.exceptions import (
     TimeoutType,
 )
 
-from activities.errors import (
-    MAX_MESSAGE_CHARS,
-    classified,
-    to_application_error,
-    truncate,
-    unwrap,
-)
+from activities.errors import classified, to_application_error, unwrap
 from gpuprov.policy import Stage
-from providers.errors import BlockScope, ErrorKind, ProviderError
+from providers.errors import MAX_MESSAGE_CHARS, BlockScope, ErrorKind, ProviderError, truncate
 
 
 @pytest.mark.parametrize("kind", list(ErrorKind))

@@ -11,7 +11,6 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.cloud import CloudActivities, CreateInput, PlanInput, VmInput
-from activities.errors import MAX_MESSAGE_CHARS
 from activities.health import HealthActivities
 from activities.redaction import scrubbed, secrets_in_play
 from activities.ssh_keys import host_key_cloud_config
@@ -27,7 +26,14 @@ from providers.base import (
     Offer,
     ResourceRequest,
 )
-from providers.errors import REDACTED, BlockScope, ErrorKind, ProviderError, redact
+from providers.errors import (
+    MAX_MESSAGE_CHARS,
+    REDACTED,
+    BlockScope,
+    ErrorKind,
+    ProviderError,
+    redact,
+)
 
 KEY = "key-0123456789abcdefghij"
 TOKEN = "join-0123456789abcdefghij"

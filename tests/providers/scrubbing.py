@@ -11,9 +11,8 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 
 from activities.cloud import CloudActivities, PlanInput
-from activities.errors import MAX_MESSAGE_CHARS
 from providers.base import CloudProvider, ResourceRequest
-from providers.errors import MIN_SECRET_CHARS, ErrorKind
+from providers.errors import MAX_MESSAGE_CHARS, MIN_SECRET_CHARS, ErrorKind
 
 KINDS = {kind.value for kind in ErrorKind}
 

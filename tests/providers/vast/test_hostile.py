@@ -17,10 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from temporalio.exceptions import ApplicationError
 
-from activities.errors import MAX_MESSAGE_CHARS
 from activities.redaction import scrubbed
 from providers.base import InstanceSpec, Location, Observed, Offer, ResourceRequest
-from providers.errors import ErrorKind
+from providers.errors import MAX_MESSAGE_CHARS, ErrorKind
 from providers.vast.cloud import VastCloud
 from tests.providers.vast import fixtures
 from tests.providers.vast.conftest import vast_config
