@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from gpuprov.store.costs import billed_seconds, cost_report
 from gpuprov.store.db import CostRecord, Database, VmRecord
 from gpuprov.store.records import Records
+from providers import CLOUDS
 from providers.base import Billing, PriceQuote
 from tests.gpuprov.test_records import race
 
@@ -29,8 +30,9 @@ def quote(amount: float = 3.6, currency: str = "USD", unit: str = "hour") -> Pri
 
 
 def billing_of(cloud: str) -> Billing:
-    """The terms a cloud's adapter reports (`BILLING` in providers/<id>/cloud.py)."""
-    return importlib.import_module(f"providers.{cloud}.cloud").BILLING
+    """The terms a cloud's adapter reports (`BILLING` beside its adapter in the registry)."""
+    module = CLOUDS[cloud].adapter.split(":")[0]
+    return importlib.import_module(module).BILLING
 
 
 def machine(
