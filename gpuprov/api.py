@@ -7,6 +7,7 @@
     GET  /v1/jobs/{job}/logs                                      an operator API key
     GET  /v1/cost[?job=NAME]                                      an operator API key
     GET  /v1/health                                               open
+    GET  /v1/node/agent.pyz                                       open (no secret in it)
 
 Who may call what is declared per endpoint with gpuprov/auth.py's dependencies; the workers
 endpoints live in gpuprov/api_workers.py, the work and log ones in gpuprov/api_work.py. A
@@ -50,7 +51,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from gpuprov import api_cost, api_work, api_workers, auth, pem
+from gpuprov import api_cost, api_node, api_work, api_workers, auth, pem
 from gpuprov.api_work import TemporalSource
 from gpuprov.auth import AuthFailures
 from gpuprov.config import ConfigError, JobsSettings, WorkersSettings
@@ -209,6 +210,7 @@ def create_app(
     api_workers.add_routes(app, workers or WorkersSettings())
     api_work.add_routes(app, jobs or JobsSettings(), temporal)
     api_cost.add_routes(app)
+    api_node.add_routes(app)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:
