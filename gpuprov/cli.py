@@ -46,7 +46,7 @@ from pydantic import ValidationError
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 from temporalio.service import RPCError
 
-from gpuprov import agent, apikeys, owners, schedules, service, workers_cli
+from gpuprov import apikeys, owners, schedules, service, workers_cli
 from gpuprov import demo as demo_module
 from gpuprov import end as end_command
 from gpuprov import setup as cluster_setup
@@ -88,6 +88,11 @@ from gpuprov.models import (
     format_validation_error,
     load_job_spec,
 )
+from gpuprov.node.credentials import PACKAGE_STATE_DIR, keep_credential, prepare_state_dir
+from gpuprov.node.errors import AgentError
+from gpuprov.node.http_client import register as register_node
+from gpuprov.node.join_token import TOKEN_ENV, read_token
+from gpuprov.node.probe import probe as probe_node
 from gpuprov.render import (
     capabilities_text,
     cost_text,
@@ -219,13 +224,13 @@ def _parser() -> argparse.ArgumentParser:
         help="register this GPU box as an existing worker",
         description=(
             "Probe this machine (nvidia-smi, CPUs, memory, disk) and register it with the "
-            f"control plane. Pass the join token in ${agent.TOKEN_ENV} or with --token-file: "
+            f"control plane. Pass the join token in ${TOKEN_ENV} or with --token-file: "
             "--token puts it on the command line, where `ps` shows it to every user."
         ),
     )
     join.add_argument("--url", required=True, help="the control-plane API, e.g. http://cp:8080")
     join.add_argument("--token-file", help="file holding the join token (preferred)")
-    join.add_argument("--token", help=f"the join token (prefer ${agent.TOKEN_ENV}/--token-file)")
+    join.add_argument("--token", help=f"the join token (prefer ${TOKEN_ENV}/--token-file)")
     join.add_argument("--label-claim", help="the label you expect (the token's label wins)")
     join.add_argument(
         "--tries", type=bounded_int(1, 100), default=5, help="attempts while the API is down"
@@ -233,8 +238,8 @@ def _parser() -> argparse.ArgumentParser:
     join.add_argument("--ca-file", help="pin the CA of the API's certificate (https)")
     join.add_argument(
         "--state-dir",
-        default=agent.PACKAGE_STATE_DIR,
-        help=f"where this worker's credential is kept (default {agent.PACKAGE_STATE_DIR})",
+        default=PACKAGE_STATE_DIR,
+        help=f"where this worker's credential is kept (default {PACKAGE_STATE_DIR})",
     )
     join.add_argument(
         "--service",
@@ -518,24 +523,28 @@ async def _token(settings: Settings, args: argparse.Namespace) -> int:
     print(
         f"single-use join token for label {args.label!r}, valid {ttl}s, shown only now. "
         f"On the GPU box: gpuprov join --url {settings.api.url} --token-file FILE "
-        f"(or ${agent.TOKEN_ENV}; both keep it out of `ps`)",
+        f"(or ${TOKEN_ENV}; both keep it out of `ps`)",
         file=sys.stderr,
     )
     return 0
 
 
 async def _join(settings: Settings, args: argparse.Namespace) -> int:
-    token = args.token.strip() if args.token else agent.read_token(args.token_file)
-    capabilities = await asyncio.to_thread(agent.probe)
+    token = args.token.strip() if args.token else read_token(args.token_file)
+    capabilities = await asyncio.to_thread(probe_node)
     try:
         checked = WorkerCapabilities.model_validate(capabilities)
     except ValidationError as error:
-        raise agent.AgentError(f"probe result invalid: {format_validation_error(error)}") from None
+        raise AgentError(f"probe result invalid: {format_validation_error(error)}") from None
     identity = {"label": args.label_claim} if args.label_claim else None
     state_dir = os.path.expanduser(args.state_dir)
-    agent.prepare_state_dir(state_dir)  # before the token is spent
+    prepare_state_dir(state_dir)  # before the token is spent
+    try:  # the agent left running: fetched from the API and pinned, before the token is spent
+        fetched = await asyncio.to_thread(service.fetch_agent, args.url, args.ca_file, state_dir)
+    except service.ServiceError as error:
+        raise ConfigError(f"not joined: {error}") from None
     response = await asyncio.to_thread(
-        agent.register,
+        register_node,
         args.url,
         token,
         capabilities,
@@ -543,7 +552,7 @@ async def _join(settings: Settings, args: argparse.Namespace) -> int:
         tries=args.tries,
         ca_file=args.ca_file,
     )
-    shown = agent.keep_credential(state_dir, response, args.url, capabilities)
+    shown = keep_credential(state_dir, response, args.url, capabilities)
     origin, label = response.get("origin"), response.get("label")
     print(f"joined: worker {response['worker_id']} ({origin}, label {label}), idle")
     if "credential_file" in shown:
@@ -551,7 +560,7 @@ async def _join(settings: Settings, args: argparse.Namespace) -> int:
     print(capabilities_text(checked))
     try:
         running = await asyncio.to_thread(
-            service.leave_running, state_dir, args.ca_file, args.service
+            service.leave_running, state_dir, args.ca_file, fetched, args.service
         )
     except service.ServiceError as error:
         raise ConfigError(f"joined, but the agent is not running: {error}") from None
@@ -592,7 +601,7 @@ USER_ERRORS = (
     GpuprovError,
     DatabaseUnavailable,
     TimeoutError,
-    agent.AgentError,
+    AgentError,
 )
 
 
