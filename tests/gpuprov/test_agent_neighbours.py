@@ -148,7 +148,7 @@ async def test_the_fake_clouds_agent_takes_a_429_for_a_pause_not_a_refusal(respx
         httpx.Response(429, headers={"Retry-After": "1"}, json={"detail": "slow down"}),
         httpx.Response(200, json={"credential": "gpw_x"}),
     ]
-    capabilities = fake_agent.WorkerCapabilities.model_validate(CAPABILITIES)
+    capabilities = dict(CAPABILITIES)
     started = time.monotonic()
     assert await fake_agent.register("http://api", "a-join-token-0001", capabilities) == "gpw_x"
     assert time.monotonic() - started >= 0.9 and route.call_count == 2
