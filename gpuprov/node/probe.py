@@ -25,6 +25,7 @@ from .smi import (
     kernel_module_version,
     nvidia_smi,
     parse_gpus,
+    read_cuda_version,
 )
 
 log = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ def check_gpu_runtime(
     if not gpus:
         return GpuRuntime(NO_GPU, "no GPU visible")
     gpus = gpus[:MAX_GPUS]
-    version = cuda_version(timeout) if cuda_version else None
+    version = read_cuda_version(timeout) if cuda_version else None
     library = LIBCUDA if libcuda is None else libcuda
     problem = cuda_init(library, CUDA_TIMEOUT) if library else None
     if problem is not None:

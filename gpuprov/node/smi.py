@@ -163,7 +163,7 @@ def parse_cuda_version(text: str) -> str | None:
     return match.group(1) if match else None
 
 
-def cuda_version(timeout: float) -> str | None:
+def read_cuda_version(timeout: float) -> str | None:
     """From `nvidia-smi --version` (drivers from 535 or so), else from the banner. Informational:
     a miss is not a runtime failure."""
     for args in (("--version",), ()):

@@ -135,6 +135,9 @@ class Work:
             return code, f"gpuprov-agent: setup exited {code}; run did not start" if setup else ""
         if self.killed:
             return -signal.SIGKILL, f"gpuprov-agent: killed after the {self.grace:g}s grace period"
+        signalled = self.process.returncode if self.process is not None else None
+        if signalled is not None and signalled < 0:  # a stop while the supervisor was starting
+            return signalled, "gpuprov-agent: stopped before the work started"
         return UNKNOWN_EXIT, "gpuprov-agent: the work ended without an exit status"
 
     def next_chunk(self, final: bool) -> dict | None:
