@@ -70,6 +70,11 @@ def fetch_agent(api_url: str, ca_file: str | None, directory: str) -> Path:
     """agent.pyz from the API into `directory`, pinned to this gpuprov's build (a file there
     that already matches is kept); ServiceError when the API's does not match or cannot be
     had."""
+    if "@" in api_url.partition("//")[2].partition("/")[0]:  # as the agent refuses it
+        raise ServiceError(
+            f"bad API URL {masked_url(api_url)!r}: credentials (user:password@) do not belong "
+            "in it; the API takes none there"
+        )
     agent = Path(directory) / AGENT_FILE
     url = node_agent.agent_url(api_url)
     problem = fetch.fetch(url, agent_artifact.sha256(), str(agent), ca_file)
