@@ -1,17 +1,13 @@
-"""The pinned download a node runs before its agent: agent.pyz from the control plane, kept only
-if its SHA-256 is the one the node was given beside its join token.
+"""The step before the agent starts on a node: agent.pyz made the archive its pin names.
 
     python3 -I -S fetch.py URL SHA256 DEST [CA_FILE]
 
-The cloud-init unit runs it as its ExecStartPre (providers/node_agent.py), the fake cloud's
-nodes likewise. DEST already holding the pinned bytes: nothing to fetch, so a reboot while the
-API is down still starts the agent. Otherwise it GETs URL (over HTTPS trusting only CA_FILE's
-CAs where one is given) and writes the bytes aside, then renames them over DEST (0644), only
-when their SHA-256 is SHA256. Anything else (the API unreachable, an error status, a truncated
-or tampered archive) exits 1 with one line on stderr and leaves no DEST behind: the agent never
-starts, its join token stays unspent, and the unit's Restart= tries again later.
-
-Standard library only and imports nothing of the package: cloud-init writes it alone.
+DEST holding bytes whose SHA-256 is SHA256: nothing to do (a reboot with the API down still
+starts the agent). Otherwise GET URL (over HTTPS trusting CA_FILE's CAs alone, if given) and
+write the body to DEST (aside, then renamed, 0644) only if its SHA-256 is SHA256. Else (no
+answer, a truncated or tampered archive) exit 1 with one line on stderr and no DEST: the agent
+never starts, its join token stays unspent, and the unit's Restart= tries again. Cloud-init
+writes this file alone (providers/node_agent.py): standard library only.
 """
 
 from __future__ import annotations

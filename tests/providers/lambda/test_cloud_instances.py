@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from activities.cloud import CloudActivities, VmInput
-from providers import node_agent
+from providers import agent_artifact, node_agent
 from providers.base import (
     InstanceSpec,
     InstanceStatus,
@@ -82,8 +82,8 @@ async def test_create_hands_user_data_and_bootstrap_to_the_machine_and_nowhere_e
     assert read.part_types() == ["text/x-shellscript", "text/cloud-config"]
     files = {entry["path"]: entry for entry in read.config["write_files"]}
     assert f"GPUPROV_JOIN_TOKEN={TOKEN}" in files[node_agent.JOIN_ENV_PATH]["content"]
-    assert node_agent.agent_sha256() in files[node_agent.UNIT_PATH]["content"]
-    assert node_agent.AGENT_PATH in files and cloudinit.schema_errors(read.config) == ""
+    assert agent_artifact.sha256() in files[node_agent.UNIT_PATH]["content"]
+    assert node_agent.FETCH_PATH in files and cloudinit.schema_errors(read.config) == ""
     assert TOKEN not in caplog.text and TOKEN not in json.dumps(ids)
     # On the wire: only the launch body carries it; not its URL or headers, no other request.
     sent = [request for request, _ in account.calls()]
