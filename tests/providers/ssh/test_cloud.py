@@ -216,10 +216,10 @@ async def test_cleanup_removes_what_the_agent_installed_for_that_vm_only(
     neighbour = sshd.home / remote.REMOTE_ROOT / "vm-later"
     for directory in (installed, neighbour):
         directory.mkdir(parents=True)
-        (directory / "agent.py").write_text("# agent\n")
+        (directory / "agent.pyz").write_text("# agent\n")
     await machines.delete(OWNED, "vm-a", ["box"])
     await machines.cleanup(OWNED, "vm-a")
-    assert not installed.exists() and (neighbour / "agent.py").exists()
+    assert not installed.exists() and (neighbour / "agent.pyz").exists()
     await machines.cleanup(OWNED, "vm-a")  # idempotent
 
 
