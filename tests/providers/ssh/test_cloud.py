@@ -254,7 +254,7 @@ async def test_cleanup_skips_a_host_never_reached_and_fails_on_one_gone_dark(
 def test_cleanup_command_names_only_the_vms_directory() -> None:
     command = remote.cleanup_command("job-a1-n0.x")
     assert 'rm -rf -- "$HOME"/.gpuprov/job-a1-n0.x ' in command
-    assert "'[.]gpuprov/job-a1-n0[.]x/agent[.]py'" in command
+    assert "'[.]gpuprov/job-a1-n0[.]x/agent[.]pyz'" in command
 
 
 def test_bootstrap_installs_where_cleanup_removes() -> None:
