@@ -11,11 +11,13 @@ join over SSH:
    fingerprint the cloud reported must all match; with none of them the first key seen is
    pinned before anything is sent;
 3. mint a fresh join token for the VM (only its SHA-256 is stored; any earlier unused token of
-   the VM stops working), upload gpuprov/agent.py (and the API's CA, with `[api] ca_file`)
-   and run `agent.py register` with the token written to its stdin over the SSH channel:
+   the VM stops working), upload agent.pyz (providers/agent_artifact.py, the bytes every path
+   runs; and the API's CA, with `[api] ca_file`), check its SHA-256 on the node against the
+   pin (a mismatch is refused before anything runs, the token unsent) and run `agent.pyz
+   register` with the token written to its stdin over the SSH channel:
    never on a command line (`ps`), in the environment, a file, a log line, an activity input
    or result (Temporal history), nor in shell history (no interactive shell is involved);
-4. once it registered, start `agent.py run` in the background in the same session (detached,
+4. once it registered, start `agent.pyz run` in the background in the same session (detached,
    output to agent.log beside it): the daemon that heartbeats with the credential `register`
    stored. It outlives the session, not a restart of the machine or container.
 
@@ -49,7 +51,7 @@ from activities.ssh_keys import (
     parse_public_key,
 )
 from gpuprov.store.records import Records
-from providers import node_agent
+from providers import agent_artifact
 from providers.base import CloudProvider, Model, SshEndpoint
 from providers.errors import ErrorKind, ProviderError
 from providers.ssh_common import AGENT_FILE, output_tail, output_text, remote_dir
@@ -231,8 +233,21 @@ class BootstrapActivities:
 
 
 def agent_source() -> bytes:
-    """The node agent: one standard-library file (gpuprov/agent.py)."""
-    return node_agent.agent_source()
+    """The node agent as it is uploaded: agent.pyz, the bytes every delivery path runs."""
+    return agent_artifact.artifact()
+
+
+# Run on the node before anything else: the uploaded agent's SHA-256 against the pin, by the
+# same python3 that is to run it (no sha256sum needed on the image). A mismatch exits
+# EXIT_NOT_PINNED, and nothing after it runs: the token on stdin is never read.
+PIN_CHECK = (
+    "import hashlib, sys; "
+    "got = hashlib.sha256(open(sys.argv[1], 'rb').read()).hexdigest(); "
+    "sys.exit(0 if got == sys.argv[2] else "
+    "'agent.pyz has SHA-256 ' + got + ', pinned ' + sys.argv[2] + ': refused, not run')"
+)
+EXIT_NOT_PINNED = 1  # what sys.exit(<message>) exits with
+PIN_MISMATCH = "refused, not run"
 
 
 def install_command(vm: str, name: str = AGENT_FILE) -> str:
@@ -244,16 +259,19 @@ def install_command(vm: str, name: str = AGENT_FILE) -> str:
     )
 
 
-def start_command(vm: str, api_url: str, ca: bool = False) -> str:
-    """Register (the agent reads its join token from stdin), then start the heartbeat daemon
+def start_command(vm: str, api_url: str, ca: bool = False, sha256: str | None = None) -> str:
+    """Check the uploaded agent against its pin (`sha256`, default: this worker's build's),
+    register (the agent reads its join token from stdin), then start the heartbeat daemon
     detached from the session. The command line holds no secret."""
     directory = remote_dir(vm)
+    pinned = sha256 or agent_artifact.sha256()
+    check = f"python3 -I -S -c {shlex.quote(PIN_CHECK)} {directory}/{AGENT_FILE} {pinned}"
     agent = f"python3 -I -S {directory}/{AGENT_FILE}"
     options = f"--url {shlex.quote(api_url)}" + (f" --ca-file {directory}/{CA_FILE}" if ca else "")
     daemon = f"{agent} run {options} --state-dir {directory}"
     detached = f"nohup {daemon} < /dev/null >> {directory}/{AGENT_LOG} 2>&1 &"
     setsid = "$(command -v setsid)"  # a session of its own where the image has setsid
-    return f"{agent} register {options} && {{ {setsid} {detached} }}"
+    return f"{check} && {agent} register {options} && {{ {setsid} {detached} }}"
 
 
 async def upload_and_start_agent(
@@ -290,6 +308,12 @@ async def upload_and_start_agent(
         ) from None
     if started.exit_status == EXIT_COMMAND_NOT_FOUND:
         raise ProviderError(ErrorKind.FAILED, f"python3 not found on {vm}: the agent needs it")
+    if started.exit_status == EXIT_NOT_PINNED and PIN_MISMATCH in output_text(started.stderr):
+        raise ProviderError(
+            ErrorKind.FAILED,
+            f"the agent uploaded to {vm} does not match its pinned SHA-256: "
+            f"{_said(started.stderr)}",
+        )
     if started.exit_status != 0:
         raise ProviderError(
             ErrorKind.FAILED,

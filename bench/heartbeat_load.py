@@ -1,7 +1,7 @@
 """The heartbeat load generator, in its own process: `python -m bench.heartbeat_load` (a JSON
 LoadRequest on stdin, the JSON LoadResult on stdout).
 
-Each simulated agent makes what gpuprov/agent.py's urllib makes: a new loopback connection per
+Each simulated agent makes what the node agent's urllib makes: a new loopback connection per
 request, one `Connection: close` HTTP/1.1 request, the response read to the end. Paced: agent i
 starts at i x interval / agents and then sends one every interval (a late answer delays only
 that agent's next one). Unpaced: `agents` loops, each sending the next as soon as the last is

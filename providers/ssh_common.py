@@ -35,9 +35,9 @@ PREFERRED_HOST_KEY_ALGS = (
 )
 MAX_DESCRIPTION_CHARS = 300
 
-# The node agent's home on a machine: "$HOME/.gpuprov/<vm>/agent.py" of the login user.
+# The node agent's home on a machine: "$HOME/.gpuprov/<vm>/agent.pyz" of the login user.
 REMOTE_ROOT = ".gpuprov"
-AGENT_FILE = "agent.py"
+AGENT_FILE = "agent.pyz"
 
 
 def host_key_algorithms(key: asyncssh.SSHKey | None) -> list[str]:

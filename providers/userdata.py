@@ -5,10 +5,12 @@ Shared by the adapters whose clouds boot with cloud-init user data: aws (RunInst
 passes its cloud's size limit and name; everything else is the same on every cloud:
 
 - The bootstrap (API URL, single-use join token, the VM's name, the API's CA if it has a
-  private one) becomes a cloud-config that installs and starts the node agent
-  (providers/node_agent.py): the agent itself, `/etc/gpuprov/join.env` (root:root, 0600, the
-  env file the agent reads with `--token-file`), the CA, and a systemd unit that checks the
-  agent's pinned SHA-256 before every start.
+  private one) becomes a cloud-config that fetches, pins and starts the node agent
+  (providers/node_agent.py): the fetch-and-verify step, `/etc/gpuprov/join.env` (root:root,
+  0600, the env file the agent reads with `--token-file`), the CA, and a systemd unit whose
+  every start first makes agent.pyz the archive its pinned SHA-256 names (fetched from the API
+  at GET /v1/node/agent.pyz). The agent itself is not in the user data: a few KB go to the
+  cloud, whatever the agent's size.
 - The spec's own user data, alone, goes to the cloud untouched.
 - With a bootstrap, the result is a MIME multi-part archive (the spec's own first, then the
   bootstrap, whose `merge_how` appends its write_files to any the spec's cloud-config has),
@@ -21,8 +23,9 @@ passes its cloud's size limit and name; everything else is the same on every clo
   this cloud's (EC2 16 KB, GCE metadata 256 KiB, ...), so every offer of this cloud would
   refuse the document while another cloud may take it: the job fails over, it does not abort.
   Not UTF-8 text: InvalidRequest (no cloud can take it). Where the cloud takes bytes (EC2),
-  `compressed_user_data` gzips a document that is over the limit (deterministically):
-  cloud-init decompresses gzip user data before anything else.
+  `compressed_user_data` gzips (deterministically) a document that carries the bootstrap or
+  is over the limit: cloud-init decompresses gzip user data before anything else. The spec's
+  own user data alone, within the limit, goes as it is.
 
 The result holds a secret (the join token): it goes into the cloud's create request and nowhere
 else, never into a log line, an exception, a return value or Offer.detail.
@@ -30,14 +33,13 @@ else, never into a log line, an exception, a return value or Offer.detail.
 
 from __future__ import annotations
 
-import base64
 import gzip
 import hashlib
 import json
 from email.mime.multipart import MIMEMultipart
 from email.mime.text import MIMEText
 
-from providers import node_agent
+from providers import agent_artifact, node_agent
 from providers.base import InstanceSpec
 from providers.errors import BlockScope, ErrorKind, ProviderError
 from providers.node_agent import JOIN_ENV_PATH as JOIN_ENV_PATH  # re-exported (tests)
@@ -74,14 +76,15 @@ def user_data(spec: InstanceSpec, *, max_bytes: int, cloud: str) -> str | None:
 
 def compressed_user_data(spec: InstanceSpec, *, max_bytes: int, cloud: str) -> bytes | None:
     """As `user_data`, as bytes, for a cloud whose limit counts raw bytes and that passes them
-    to cloud-init unchanged (EC2): gzip-compressed when the plain document is over `max_bytes`.
+    to cloud-init unchanged (EC2): gzip-compressed when it carries the bootstrap (about 2 KB
+    then, with a CA) or the plain document is over `max_bytes`.
     cloud-init reads gzip user data on every data source ("Compression" in its user-data
     formats); the same document always gives the same bytes (no timestamp in the header)."""
     document = _document(spec)
     if document is None:
         return None
     raw = _utf8(document, spec.vm)
-    if len(raw) > max_bytes:
+    if spec.bootstrap is not None or len(raw) > max_bytes:
         raw = gzip.compress(raw, compresslevel=9, mtime=0)
     _fits(len(raw), max_bytes, cloud, spec.vm)
     return raw
@@ -109,7 +112,7 @@ def _fits(size: int, max_bytes: int, cloud: str, vm: str) -> None:
 
 
 def bootstrap_cloud_config(spec: InstanceSpec) -> str:
-    """The cloud-config that installs and starts the node agent (holds the join token)."""
+    """The cloud-config that fetches, pins and starts the node agent (holds the join token)."""
     assert spec.bootstrap is not None
     boot = spec.bootstrap
     if any(not ch.isprintable() or ch.isspace() for ch in boot.api_url):
@@ -124,12 +127,7 @@ def bootstrap_cloud_config(spec: InstanceSpec) -> str:
     )
     files = [
         _file(JOIN_ENV_PATH, "0600", content=env),
-        _file(
-            node_agent.AGENT_PATH,
-            "0644",
-            content=base64.b64encode(gzip.compress(node_agent.agent_source(), mtime=0)).decode(),
-            encoding="gz+b64",
-        ),
+        _file(node_agent.FETCH_PATH, "0644", content=agent_artifact.fetch_source().decode()),
         _file(
             node_agent.UNIT_PATH, "0644", content=node_agent.unit(boot.api_url, bool(boot.ca_pem))
         ),

@@ -39,8 +39,6 @@ LAYER_OF_PREFIX = {
     "gpuprov.api": "api",
     "gpuprov.engine": "engine",
     "gpuprov.cli": "cli",
-    "gpuprov.agent": "node",
-    "gpuprov.service": "cli",
 }
 CORE = {"gpuprov", "gpuprov.models", "gpuprov.contract", "gpuprov.config", "gpuprov.metrics",
         "gpuprov.policy"}  # fmt: skip

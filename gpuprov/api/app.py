@@ -7,6 +7,7 @@
     GET  /v1/jobs/{job}/logs                                      an operator API key
     GET  /v1/cost[?job=NAME]                                      an operator API key
     GET  /v1/health                                               open
+    GET  /v1/node/agent.pyz                                       open (no secret in it)
 
 Who may call what is declared per endpoint with gpuprov/api/auth.py's dependencies; the workers
 endpoints live in gpuprov/api/workers.py, the work and log ones in gpuprov/api/work.py. A
@@ -52,6 +53,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gpuprov.api import auth
 from gpuprov.api import cost as api_cost
+from gpuprov.api import node as api_node
 from gpuprov.api import work as api_work
 from gpuprov.api import workers as api_workers
 from gpuprov.api.auth import AuthFailures
@@ -213,6 +215,7 @@ def create_app(
     api_workers.add_routes(app, workers or WorkersSettings())
     api_work.add_routes(app, jobs or JobsSettings(), temporal)
     api_cost.add_routes(app)
+    api_node.add_routes(app)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:

@@ -4,7 +4,7 @@ A Temporal dev server (with UI), a worker and the API start; a 2-node H100 job w
 run is submitted; the cheapest offer has room for one node and answers the second create with a
 capacity stockout; the job tears that attempt down (the one instance that landed included),
 blocks the offer, fails over, reaches `ready`. Every booted machine runs the real node agent
-(gpuprov/agent.py `run`, as a local process with a stub nvidia-smi replaying an 8 x H100 node):
+(agent.pyz `run`, as a local process with a stub nvidia-smi replaying an 8 x H100 node):
 the demo prints each node's registration with what its probe found, and its heartbeats. Then
 the agents run the job's work (a few "training steps" in shell, on this machine) and the demo
 streams its output from the database as the nodes send it (`gpuprov logs --follow`). The job

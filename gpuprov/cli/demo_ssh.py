@@ -8,7 +8,7 @@
    trusted on first use. `ssh_bootstrap` is on (the ssh provider's default).
 3. A 1-node job restricted to the ssh provider, needing no GPU (this machine may have none):
    launch (prepare + create) claims the host; wait_running sees sshd answer with that host
-   key; the bootstrap step logs in, uploads gpuprov/agent.py and runs it with a fresh join
+   key; the bootstrap step logs in, uploads agent.pyz and runs it with a fresh join
    token on its stdin; the agent probes this machine and registers through the API; the job
    is ready once that registration arrives and fits.
 4. The demo prints the job's steps from its Temporal history, the host key the bootstrap

@@ -42,7 +42,6 @@ from typing import NoReturn
 from sqlalchemy.exc import DBAPIError
 from temporalio.service import RPCError
 
-from gpuprov import agent
 from gpuprov.cli import (
     apikeys,
     codec_server,
@@ -65,6 +64,7 @@ from gpuprov.cli import (
 from gpuprov.cli.arguments import Parser
 from gpuprov.config import ConfigError, Settings, check_address, load_settings
 from gpuprov.models import JobSpecError
+from gpuprov.node.errors import AgentError
 from gpuprov.sdk.client import GpuprovError
 from gpuprov.store.db import DatabaseUnavailable, unavailable
 from gpuprov.store.runs import RunNotFound
@@ -124,7 +124,7 @@ USER_ERRORS = (
     GpuprovError,
     DatabaseUnavailable,
     TimeoutError,
-    agent.AgentError,
+    AgentError,
 )
 
 

@@ -7,11 +7,11 @@ import argparse
 import sys
 from datetime import timedelta
 
-from gpuprov import agent
 from gpuprov.cli.arguments import bounded_int, bounded_text
 from gpuprov.cli.common import Commands
 from gpuprov.config import MAX_JOIN_TOKEN_TTL_SECONDS, Settings
 from gpuprov.engine.worker import open_records
+from gpuprov.node.join_token import TOKEN_ENV
 
 
 def add_parser(commands: Commands) -> None:
@@ -46,7 +46,7 @@ async def _token(settings: Settings, args: argparse.Namespace) -> int:
     print(
         f"single-use join token for label {args.label!r}, valid {ttl}s, shown only now. "
         f"On the GPU box: gpuprov join --url {settings.api.url} --token-file FILE "
-        f"(or ${agent.TOKEN_ENV}; both keep it out of `ps`)",
+        f"(or ${TOKEN_ENV}; both keep it out of `ps`)",
         file=sys.stderr,
     )
     return 0

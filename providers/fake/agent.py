@@ -1,6 +1,6 @@
 """The fake cloud's simulated node agent: what a booted machine's agent would report, sent
 through the real control-plane API with the real join token from the instance's bootstrap, then
-heartbeats with the worker credential it got, as gpuprov.agent `run` does: at the interval the
+heartbeats with the worker credential it got, as gpuprov.node's `run` does: at the interval the
 API answers, until the credential is refused or the instance is deleted (the task cancelled).
 
 It runs the node's work too (`run_work`), for real, the way the agent does: the assignment read
@@ -9,7 +9,7 @@ in a process group of its own on this machine, the assignment's env added to a b
 the work's mark, GPUPROV_WORK_ID), the output sent in chunks, a stop honoured (SIGTERM, the
 grace period, SIGKILL), the end reported with the last lines. The end is the end of the main
 process (setup, then run), not of its output: what it left running, in whatever session, is
-killed then, found by the mark (gpuprov.agent.sweep), and output still held open by something
+killed then, found by the mark (gpuprov.node's sweep), and output still held open by something
 that escaped it is not waited for. What it leaves out is surviving its own end: it lives in the
 worker's process, so a killed worker ends its nodes' work with it, and a deleted instance kills
 its work.
@@ -29,8 +29,7 @@ from typing import Any
 
 import httpx
 
-from gpuprov.agent import WORK_MARK, sweep
-from gpuprov.models import GpuInfo, WorkerCapabilities
+from gpuprov.node.processes import WORK_MARK, sweep
 from providers.fake.config import FakeInstanceType
 
 log = logging.getLogger(__name__)
@@ -54,37 +53,37 @@ GPU_FAULT_DETAILS = {
 }
 
 
-def simulated_capabilities(
-    instance_type: FakeInstanceType, runtime_broken: bool
-) -> WorkerCapabilities:
+def simulated_capabilities(instance_type: FakeInstanceType, runtime_broken: bool) -> dict[str, Any]:
+    """The capabilities body a real agent on `instance_type` would send, as the JSON the API
+    validates (its WorkerCapabilities), the way the real agent builds it: a plain payload."""
     memory_mb = int(instance_type.gpu_memory_gb * 1024) if instance_type.gpu_memory_gb else None
-    gpus = [
-        GpuInfo(name=f"NVIDIA {instance_type.gpu}", memory_mb=memory_mb, driver_version="550.54.15")
-        for _ in range(instance_type.gpu_count if instance_type.gpu else 0)
-    ]
-    return WorkerCapabilities(
-        gpus=gpus,
-        driver_version="550.54.15" if gpus else None,
-        cuda_version="12.4" if gpus else None,
-        cpu_count=instance_type.vcpus,
-        memory_gb=instance_type.memory_gb,
-        disk_gb=instance_type.disk_gb,
-        gpu_runtime_ok=bool(gpus) and not runtime_broken,
-        gpu_runtime_error=RUNTIME_MISMATCH if runtime_broken else None,
-        agent_version="fake-agent",
-        address="127.0.0.1",  # every simulated node is on this machine
+    gpu = {"name": f"NVIDIA {instance_type.gpu}", "memory_mb": memory_mb}
+    gpus = [{**gpu, "driver_version": "550.54.15"}] * (
+        instance_type.gpu_count if instance_type.gpu else 0
     )
+    return {
+        "gpus": gpus,
+        "driver_version": "550.54.15" if gpus else None,
+        "cuda_version": "12.4" if gpus else None,
+        "cpu_count": instance_type.vcpus,
+        "memory_gb": instance_type.memory_gb,
+        "disk_gb": instance_type.disk_gb,
+        "gpu_runtime_ok": bool(gpus) and not runtime_broken,
+        "gpu_runtime_error": RUNTIME_MISMATCH if runtime_broken else None,
+        "agent_version": "fake-agent",
+        "address": "127.0.0.1",  # every simulated node is on this machine
+    }
 
 
-async def register(api_url: str, token: str, capabilities: WorkerCapabilities) -> str | None:
+async def register(api_url: str, token: str, capabilities: dict[str, Any]) -> str | None:
     """POST /v1/workers/register until accepted (the worker's credential) or refused for good
     (None).
 
     Any 4xx but 429 is final (a bad, used or expired token, or a job that refused the node:
     409); 5xx, 429 and connection errors are retried, never sooner than the answer's
-    Retry-After, as gpuprov.agent does: our own API's throttling is no failure of the node.
+    Retry-After, as gpuprov.node does: our own API's throttling is no failure of the node.
     """
-    body = {"token": token, "capabilities": capabilities.model_dump(mode="json")}
+    body = {"token": token, "capabilities": capabilities}
     async with httpx.AsyncClient(base_url=api_url, timeout=30) as http:
         for _ in range(MAX_TRIES):
             try:

@@ -19,7 +19,7 @@ Primitive -> what happens in the ledger:
   there: the simulated one (`simulate_agent`, providers/fake/agent.py) registers through the
   real API with the join token from its bootstrap, heartbeats and runs the node's work (unless
   `run_work = false`); the real one (`agent = "real"`, providers/fake/node.py) is
-  gpuprov/agent.py `run` in a local process.
+  agent.pyz `run` in a local process, fetched and pinned as on a cloud-init machine.
 - observe_region: the same for every VM in the region in one call (counted as "list").
 - sweep_regions: every configured region (no call).
 - delete: marks the given ids deleted (unknown ids are success) and stops their agents.
@@ -314,7 +314,7 @@ class FakeCloud(CloudProvider):
 
         def health() -> tuple[bool, str | None]:
             if row.boot_mode == "bad_runtime":
-                return False, capabilities.gpu_runtime_error
+                return False, capabilities["gpu_runtime_error"]
             if row.boot_mode in GPU_FAULT_DETAILS and time.time() >= broken_from:
                 return False, GPU_FAULT_DETAILS[row.boot_mode]
             return True, None

@@ -117,14 +117,14 @@ class FakeProviderConfig(ProviderSettings):
     # API with the join token they were given, then heartbeats; jobs wait for the registration.
     simulate_agent: bool = False
     # What runs on a booted instance: nothing, the simulated agent, or the real node agent
-    # (gpuprov/agent.py `run`) as a local process (providers/fake/node.py). None: "simulated"
+    # (agent.pyz `run`) as a local process (providers/fake/node.py). None: "simulated"
     # with simulate_agent, else "none".
     agent: AgentMode | None = None
     # The simulated agent runs the work a job gives its node (/bin/sh, locally); false leaves
     # the work rows to a test that plays the nodes itself.
     run_work: bool = True
     # The real agent's per-instance roots (None: a temporary directory per cloud object), and
-    # the captured nvidia-smi outputs its stub replays (None: tests/fixtures/nvidia-smi).
+    # the captured nvidia-smi outputs its stub replays (None: providers/fake/nvidia_smi/).
     agent_root: str | None = None
     nvidia_smi_fixtures: str | None = None
     faults: list[FaultRule] = Field(default_factory=list)

@@ -6,18 +6,22 @@ would start the agent on a real machine:
 - a private root per instance (`<agent root>/<instance id>/`), where the instance's user data
   (providers/userdata.py, exactly what a cloud with user data gets) is applied as cloud-init
   applies `write_files`: join.env lands at `<root>/etc/gpuprov/join.env`, mode 0600;
-- gpuprov/agent.py copied to `<root>/opt/gpuprov/agent.py` and started as
-  `python -I -S agent.py run --token-file <root>/etc/gpuprov/join.env --state-dir
-  <root>/var/lib/gpuprov --disk-path <root> --libcuda none`, in its own process group, its
-  output in `<root>/agent.log`; its environment holds no secret (PATH, LANG, and HOME: the
-  root);
-- a stub `nvidia-smi` first on its PATH that replays captured outputs (tests/fixtures/nvidia-smi)
-  of an 8 x H100 node: healthy, or, per the instance's fault, a driver mismatch from boot
-  (bad_runtime) or, from `fault_after` seconds after boot, a GPU fallen off the bus (gpu_lost,
-  Xid 79), an uncorrectable ECC error (ecc_error, Xid 48) or a GPU gone from the list
-  (gpu_missing).
+- the unit those files hold, run as systemd would run it, every node path moved under the
+  root: its ExecStartPre (gpuprov/node/fetch.py) fetches agent.pyz from the API's GET
+  /v1/node/agent.pyz into `<root>/usr/local/lib/gpuprov/agent.pyz` and keeps it only if its
+  SHA-256 is the one pinned in the unit, again every RESTART_SECONDS until it is (a tampered
+  or truncated archive never runs, and the join token stays unspent); then its ExecStart,
+  `python -I -S agent.pyz run --url <api> --token-file <root>/etc/gpuprov/join.env
+  --state-dir <root>/var/lib/gpuprov`, with `--disk-path <root> --libcuda none`, in its own
+  process group, its output in `<root>/agent.log`; its environment holds no secret (PATH,
+  LANG, and HOME: the root);
+- a stub `nvidia-smi` first on its PATH that replays captured outputs (package data,
+  providers/fake/nvidia_smi/) of an 8 x H100 node: healthy, or, per the instance's fault, a
+  driver mismatch from boot (bad_runtime) or, from `fault_after` seconds after boot, a GPU
+  fallen off the bus (gpu_lost, Xid 79), an uncorrectable ECC error (ecc_error, Xid 48) or a
+  GPU gone from the list (gpu_missing).
 
-The agent runs the job's work as it would on a machine (gpuprov/agent.py `supervise`, in a
+The agent runs the job's work as it would on a machine (agent.pyz `supervise`, in a
 process group of its own under the instance's state dir), so a node's work outlives its agent:
 an agent restarted in the same root (a worker that took over the cloud, `agent_root` set) finds
 it there and follows it. Deleting the instance is the machine gone: its agent's process group
@@ -32,7 +36,6 @@ import contextlib
 import email
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -42,15 +45,16 @@ from typing import Any
 
 import yaml
 
-from gpuprov import agent
+from gpuprov.node import processes, workdir
+from providers import node_agent
 from providers.errors import ErrorKind, ProviderError
 from providers.fake.config import FakeInstanceType
-from providers.userdata import JOIN_ENV_PATH
 
-AGENT_SOURCE = Path(__file__).resolve().parents[2] / "gpuprov" / "agent.py"
-DEFAULT_FIXTURES = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "nvidia-smi"
-STATE_DIR = "var/lib/gpuprov"
-AGENT_PATH = "opt/gpuprov/agent.py"
+DEFAULT_FIXTURES = Path(__file__).resolve().parent / "nvidia_smi"  # package data
+STATE_DIR = node_agent.STATE_DIR.lstrip("/")
+AGENT_PATH = node_agent.AGENT_PATH.lstrip("/")
+NODE_DIRS = (node_agent.AGENT_DIR, "/etc/gpuprov", node_agent.STATE_DIR)
+RESTART_SECONDS = 1.0  # the unit's RestartSec, shortened: a fake node boots in seconds
 GPU_QUERY = ("--query-gpu=name,memory.total,driver_version,uuid", "--format=csv,noheader,nounits")
 UNKNOWN_OPTION = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
 
@@ -83,7 +87,7 @@ CAPTURED = {("H100", 8)}
 
 def check_captured(instance_type: FakeInstanceType, fixtures: Path = DEFAULT_FIXTURES) -> None:
     """Unavailable for an instance type whose nvidia-smi no capture stands in for, or where the
-    captures are not (a gpuprov installed without its tests: set nvidia_smi_fixtures)."""
+    captures are not (moved or removed: set nvidia_smi_fixtures)."""
     if (instance_type.gpu, instance_type.gpu_count) not in CAPTURED:
         raise ProviderError(
             ErrorKind.UNAVAILABLE,
@@ -168,6 +172,29 @@ DIE_WITH_PARENT = (
 )
 
 
+# What systemd does with the unit's two command lines: ExecStartPre again every RestartSec until
+# it passes (Restart=on-failure), then ExecStart in its place, as the same process.
+AS_THE_UNIT = """
+import os, subprocess, sys, time
+pause, words = float(sys.argv[1]), sys.argv[2:]
+cut = words.index("--")
+while subprocess.call(words[:cut], stdin=subprocess.DEVNULL):
+    time.sleep(pause)
+os.execv(words[cut + 1], words[cut + 1 :])
+"""
+
+
+def rooted(root: Path, argv: list[str]) -> list[str]:
+    """A unit's command line on this fake machine: its node paths under `root`, and this
+    interpreter for the system's python3 (the one the unit names need not exist here)."""
+    moved = [sys.executable if argv[0] == node_agent.PYTHON else argv[0]]
+    for word in argv[1:]:
+        for directory in NODE_DIRS:
+            word = word.replace(directory, f"{root}{directory}")
+        moved.append(word)
+    return moved
+
+
 class Node:
     """One instance's agent: its root, its process group, its log."""
 
@@ -193,7 +220,7 @@ class Node:
     def work_groups(self) -> list[int]:
         """The process groups of the work the agent started here (their leaders' pids)."""
         groups = []
-        for pid_file in (self.state_dir / agent.WORK_SUBDIR).glob(f"*/{agent.PID_FILE}"):
+        for pid_file in (self.state_dir / workdir.WORK_SUBDIR).glob(f"*/{workdir.PID_FILE}"):
             with contextlib.suppress(OSError, ValueError):
                 groups.append(int(pid_file.read_text()))
         return groups
@@ -206,9 +233,9 @@ class Node:
                 os.killpg(group, signal.SIGKILL)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.process.wait(timeout=10)
-        for work in (self.state_dir / agent.WORK_SUBDIR).glob("*/"):
-            cgroup = work / agent.CGROUP_FILE
-            agent.sweep(work.name, cgroup.read_text() if cgroup.exists() else "")
+        for work in (self.state_dir / workdir.WORK_SUBDIR).glob("*/"):
+            cgroup = work / workdir.CGROUP_FILE
+            processes.sweep(work.name, cgroup.read_text() if cgroup.exists() else "")
 
 
 def boot(
@@ -222,9 +249,9 @@ def boot(
     """Lay out the instance's root and start its agent."""
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
     apply_write_files(root, user_data)
-    agent = root / AGENT_PATH
-    agent.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(AGENT_SOURCE, agent)
+    unit = (root / node_agent.UNIT_PATH.lstrip("/")).read_text()
+    fetch = rooted(root, node_agent.unit_command(unit, "ExecStartPre"))
+    start = rooted(root, node_agent.unit_command(unit, "ExecStart"))
     bin_dir = root / "bin"
     bin_dir.mkdir(exist_ok=True)
     stub = bin_dir / "nvidia-smi"
@@ -233,11 +260,8 @@ def boot(
     wrapper = [sys.executable, "-I", "-S", "-c", DIE_WITH_PARENT]
     argv = [
         *(wrapper if sys.platform == "linux" else []),
-        sys.executable, "-I", "-S", str(agent), "run",
-        "--token-file", str(root / JOIN_ENV_PATH.lstrip("/")),
-        "--state-dir", str(root / STATE_DIR),
-        "--disk-path", str(root),
-        "--libcuda", "none",
+        sys.executable, "-I", "-S", "-c", AS_THE_UNIT, str(RESTART_SECONDS),
+        *fetch, "--", *start, "--disk-path", str(root), "--libcuda", "none",
     ]  # fmt: skip
     # Only what a service's environment holds: no secret of this process, no token. HOME is
     # the instance's root, where its work starts, as a machine's work starts in root's home.

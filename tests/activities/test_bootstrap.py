@@ -30,6 +30,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
+from activities import bootstrap
 from activities.bootstrap import (
     REMOTE_ROOT,
     BootstrapActivities,
@@ -44,7 +45,7 @@ from gpuprov.engine.worker import open_records
 from gpuprov.store.db import JoinToken, WorkerRecord
 from gpuprov.store.records import Records
 from gpuprov.store.ssh_records import SshRecords
-from providers import node_agent
+from providers import agent_artifact
 from providers.base import SshEndpoint
 from tests.helpers import decoded_history, eventually
 from tests.sshd import (
@@ -228,7 +229,7 @@ async def test_agent_registers_over_openssh_with_the_token_only_on_its_stdin(
 
     # While the agent waited for its answer it was running, and no process showed the token.
     [snapshot] = plane.snapshots
-    assert f"{REMOTE_ROOT}/{VM}/agent.py register --url {plane.url}" in snapshot
+    assert f"{REMOTE_ROOT}/{VM}/agent.pyz register --url {plane.url}" in snapshot
     assert token not in snapshot
     # Nor any log line (ours, asyncssh's at DEBUG, sshd's), nor anything left on the node.
     assert "Opening SSH connection" in caplog.text and token not in caplog.text
@@ -237,8 +238,8 @@ async def test_agent_registers_over_openssh_with_the_token_only_on_its_stdin(
     assert node_files  # the agent was put there: there is something to scan
     assert all(token.encode() not in content for content in node_files.values())
     assert not [name for name in node_files if "history" in name]
-    agent = sshd.home / REMOTE_ROOT / VM / "agent.py"
-    assert agent.read_bytes() == node_agent.agent_source()  # the agent, its prose blanked
+    agent = sshd.home / REMOTE_ROOT / VM / "agent.pyz"
+    assert agent.read_bytes() == agent_artifact.artifact()  # the one artifact, as pinned
     assert stat.S_IMODE(agent.stat().st_mode) == 0o600
     assert stat.S_IMODE(agent.parent.stat().st_mode) == 0o700
 
@@ -446,6 +447,31 @@ async def test_an_agent_the_api_refuses_is_failed_with_its_words(
     assert plane.tokens and plane.tokens[0] not in error.message
 
 
+@pytest.mark.parametrize("uploaded", ["tampered", "truncated"])
+async def test_an_agent_that_does_not_match_its_pin_is_refused_before_the_token_is_sent(
+    tmp_path: Path,
+    records: Records,
+    keys: KeyStore,
+    plane: ControlPlane,
+    monkeypatch: pytest.MonkeyPatch,
+    uploaded: str,
+) -> None:
+    good = agent_artifact.artifact()
+    bad = good.replace(b"AGENT_VERSION = ", b"AGENT_VERSION = 'x' or ")
+    monkeypatch.setattr(
+        bootstrap, "agent_source", lambda: bad if uploaded == "tampered" else good[:-99]
+    )
+    async with running_asyncssh_server(tmp_path / "node", authorized=[keys.client_key()]) as node:
+        error = await failure(bootstrapper(records, keys, plane), to(node))
+        installed = node.home / REMOTE_ROOT / VM / "agent.pyz"
+        assert installed.exists() and installed.read_bytes() != good  # it arrived, changed
+    assert error.type == "Failed" and "does not match its pinned SHA-256" in error.message
+    assert f"pinned {agent_artifact.sha256()}" in error.message
+    assert plane.bodies == []  # the agent never ran: nothing reached the API
+    [stored] = rows(records, JoinToken)
+    assert stored.used_at is None  # the token, minted, was never spent
+
+
 async def test_a_node_without_python3_is_failed_saying_so(
     tmp_path: Path, records: Records, keys: KeyStore, plane: ControlPlane
 ) -> None:
@@ -463,9 +489,11 @@ async def test_a_node_without_python3_is_failed_saying_so(
 
 def test_the_start_command_carries_no_secret_and_quotes_the_url() -> None:
     directory = f'"$HOME"/{REMOTE_ROOT}/{VM}'
-    agent = f"python3 -I -S {directory}/agent.py"
+    agent = f"python3 -I -S {directory}/agent.pyz"
     options = "--url 'http://10.0.0.1:8080/a b'"
-    register, daemon = start_command(VM, "http://10.0.0.1:8080/a b").split(" && ")
+    check, register, daemon = start_command(VM, "http://10.0.0.1:8080/a b").split(" && ")
+    assert check.startswith("python3 -I -S -c ")  # the pin first: nothing runs unless it holds
+    assert check.endswith(f" {directory}/agent.pyz {agent_artifact.sha256()}")
     assert register == f"{agent} register {options}"
     # Registered: the heartbeat daemon, detached, with the credential register stored.
     assert daemon == (

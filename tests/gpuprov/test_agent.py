@@ -1,4 +1,4 @@
-"""The node agent: nvidia-smi parsing against captured outputs (tests/fixtures/nvidia-smi), the
+"""The node agent: nvidia-smi parsing against captured outputs (providers/fake/nvidia_smi/), the
 probe against fake nvidia-smi executables and a fake libcuda, registration against a local HTTP
 server and the real API app, stdlib-only and self-contained, and the join token never shown."""
 
@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import functools
 import json
 import logging
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -22,19 +24,50 @@ from typing import Any
 
 import pytest
 
-from gpuprov import agent
-from gpuprov.agent import AgentError, parse_gpus, probe, register
 from gpuprov.api.app import create_app, serving
 from gpuprov.cli.dev import free_port
 from gpuprov.models import GpuInfo, WorkerCapabilities
+from gpuprov.node import probe as node_probe
+from gpuprov.node import smi as node_smi
+from gpuprov.node.credentials import CREDENTIAL_FILE, NODE_FILE
+from gpuprov.node.errors import AgentError
+from gpuprov.node.http_client import register
+from gpuprov.node.join_token import TOKEN_ENV, read_join_secret, read_token
+from gpuprov.node.probe import check_gpu_runtime, probe
+from gpuprov.node.smi import (
+    GPU_QUERY,
+    SmiFailed,
+    classify_smi_failure,
+    parse_cuda_version,
+    parse_gpus,
+)
 from gpuprov.store.credentials import Credentials
 from gpuprov.store.records import Records
+from providers import agent_artifact
 from providers.base import ResourceRequest, compatibility_reasons
+from providers.fake.node import DEFAULT_FIXTURES
+from providers.ssh_common import AGENT_FILE
 from tests.gpuprov.test_api import vm_token, worker_rows
 
 REPO = Path(__file__).resolve().parents[2]
-AGENT_FILE = REPO / "gpuprov" / "agent.py"
-FIXTURES = REPO / "tests" / "fixtures" / "nvidia-smi"
+NODE_PACKAGE = REPO / "gpuprov" / "node"
+FIXTURES = DEFAULT_FIXTURES  # the fake cloud's package data: captured nvidia-smi outputs
+
+
+def install_agent(directory: Path) -> Path:
+    """agent.pyz as every node gets it (the same bytes), alone in `directory`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    installed = directory / AGENT_FILE
+    installed.write_bytes(agent_artifact.artifact())
+    return installed
+
+
+@functools.cache
+def agent_pyz() -> Path:
+    """One built agent.pyz for this test process, in a directory of its own."""
+    return install_agent(Path(tempfile.mkdtemp(prefix="gpuprov-agent-")))
+
+
 TOKEN = "tok-Zq8vJ3nX0aB4cD5eF6gH7iJ8kL9mN0pQ"  # long enough for the API's min_length
 UNKNOWN_OPTION = "Invalid combination of input arguments. Please run 'nvidia-smi -h' for help."
 
@@ -52,7 +85,7 @@ def smi_script(
     lines = []
     if dump is not None:
         lines += [f'echo "argv: $0 $*" >> {dump}', f"tr '\\0' '\\n' < /proc/$$/environ >> {dump}"]
-    first, second = agent.GPU_QUERY
+    first, second = GPU_QUERY
     lines += [
         f'if [ "$1" = "{first}" ] && [ "$2" = "{second}" ] && [ "$#" -eq 2 ]; then',
         f"  cat {FIXTURES / query}; exit {query_exit}",
@@ -80,9 +113,9 @@ def install_nvidia_smi(bin_dir: Path, script: str) -> Path:
 @pytest.fixture(autouse=True)
 def hermetic(tmp_path, monkeypatch):
     """No real libcuda, kernel module or token of this machine leaks into a test."""
-    monkeypatch.setattr(agent, "LIBCUDA", str(tmp_path / "no-libcuda.so"))
-    monkeypatch.setattr(agent, "DRIVER_VERSION_FILE", str(tmp_path / "no-driver-version"))
-    monkeypatch.delenv(agent.TOKEN_ENV, raising=False)
+    monkeypatch.setattr(node_probe, "LIBCUDA", str(tmp_path / "no-libcuda.so"))
+    monkeypatch.setattr(node_smi, "DRIVER_VERSION_FILE", str(tmp_path / "no-driver-version"))
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
 
 
 @pytest.fixture
@@ -152,7 +185,7 @@ def test_parse_gpus_reads_padded_and_unsupported_fields(row, name, memory_mb, dr
     ],
 )
 def test_parse_gpus_refuses_a_line_that_is_not_a_row(line):
-    with pytest.raises(agent._SmiFailed, match="unparsable nvidia-smi output"):
+    with pytest.raises(SmiFailed, match="unparsable nvidia-smi output"):
         parse_gpus(fixture("query-l4.txt") + line + "\n")
 
 
@@ -180,7 +213,7 @@ FAILURES = [
 
 @pytest.mark.parametrize(("name", "code", "verdict", "said"), FAILURES)
 def test_classify_smi_failure_names_each_captured_error(name, code, verdict, said):
-    assert agent.classify_smi_failure(code, "\n" + fixture(name)) == (
+    assert classify_smi_failure(code, "\n" + fixture(name)) == (
         verdict,
         f"nvidia-smi exited {code}: {said}",
     )
@@ -196,8 +229,8 @@ def test_classify_smi_failure_names_each_captured_error(name, code, verdict, sai
     ],
 )
 def test_parse_cuda_version_reads_every_spelling(name, version):
-    assert agent.parse_cuda_version(fixture(name)) == version
-    assert agent.parse_cuda_version("CUDA Version                              : Not Found") is None
+    assert parse_cuda_version(fixture(name)) == version
+    assert parse_cuda_version("CUDA Version                              : Not Found") is None
 
 
 # ---------------------------------------------------------------- probe
@@ -264,7 +297,7 @@ def test_probe_without_any_cuda_version_still_works(fake_smi):
 @pytest.mark.parametrize(("name", "code", "verdict", "said"), FAILURES)
 def test_probe_reports_each_captured_failure_as_such(fake_smi, name, code, verdict, said):
     fake_smi(smi_script(name, query_exit=code))
-    runtime = agent.check_gpu_runtime()
+    runtime = check_gpu_runtime()
     assert (runtime.verdict, runtime.message) == (verdict, f"nvidia-smi exited {code}: {said}")
     model = valid(probe())
     assert model.gpu_runtime_ok is False
@@ -284,7 +317,7 @@ def test_a_driver_mismatch_names_the_loaded_kernel_module(fake_smi, tmp_path, mo
         "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n"
         "GCC version:  gcc version 12.3.0 (Ubuntu 12.3.0-1ubuntu1~22.04)\n"
     )
-    monkeypatch.setattr(agent, "DRIVER_VERSION_FILE", str(version_file))
+    monkeypatch.setattr(node_smi, "DRIVER_VERSION_FILE", str(version_file))
     fake_smi(smi_script("driver-mismatch.txt", query_exit=18))
     model = valid(probe())
     assert model.gpu_runtime_error == (
@@ -326,7 +359,7 @@ def test_placement_quotes_the_runtime_error_of_a_node_with_no_readable_gpu(fake_
 )
 def test_probe_reports_odd_nvidia_smi_behaviour(fake_smi, script, verdict, message):
     fake_smi(script)
-    runtime = agent.check_gpu_runtime()
+    runtime = check_gpu_runtime()
     assert (runtime.verdict, runtime.message, runtime.gpus) == (verdict, message, [])
     assert valid(probe()).gpu_runtime_ok is False
 
@@ -335,7 +368,7 @@ def test_probe_without_nvidia_smi_says_missing(tmp_path, monkeypatch):
     empty = tmp_path / "empty"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
-    runtime = agent.check_gpu_runtime()
+    runtime = check_gpu_runtime()
     assert (runtime.verdict, runtime.message) == ("nvidia_smi_missing", "nvidia-smi not found")
     model = valid(probe())
     assert (model.gpu_runtime_ok, model.gpu_runtime_error) == (False, "nvidia-smi not found")
@@ -346,7 +379,7 @@ def test_probe_with_unexecutable_nvidia_smi_says_why(tmp_path, monkeypatch):
     bin_dir = install_nvidia_smi(tmp_path / "bin", "exit 0\n")
     (bin_dir / "nvidia-smi").chmod(0o644)  # no x bit: even root cannot execute it
     monkeypatch.setenv("PATH", str(bin_dir))
-    runtime = agent.check_gpu_runtime()
+    runtime = check_gpu_runtime()
     assert (runtime.verdict, runtime.message) == (
         "nvidia_smi_failed",
         "nvidia-smi cannot run: Permission denied",
@@ -357,7 +390,7 @@ def test_probe_gives_up_on_a_hung_nvidia_smi_and_kills_it(fake_smi, tmp_path):
     pid_file = tmp_path / "smi.pid"
     fake_smi(f"echo $$ > {pid_file}\nexec sleep 60\n")
     started = time.monotonic()
-    runtime = agent.check_gpu_runtime(smi_timeout=0.5)
+    runtime = check_gpu_runtime(smi_timeout=0.5)
     assert time.monotonic() - started < 5
     assert (runtime.verdict, runtime.message) == (
         "nvidia_smi_failed",
@@ -466,19 +499,19 @@ def test_cuda_init_check(fake_smi, fake_libcuda, monkeypatch, mode, devices, ver
     fake_smi(H100X8)
     monkeypatch.setenv("FAKE_CUINIT", mode)
     monkeypatch.setenv("FAKE_CUDA_DEVICES", devices)
-    runtime = agent.check_gpu_runtime(libcuda=str(fake_libcuda))
+    runtime = check_gpu_runtime(libcuda=str(fake_libcuda))
     assert (runtime.verdict, runtime.message) == (verdict, message)
     assert len(runtime.gpus) == 8  # nvidia-smi read them; CUDA is what failed
-    model = valid(agent.probe(libcuda=str(fake_libcuda)))
+    model = valid(probe(libcuda=str(fake_libcuda)))
     assert model.gpu_runtime_ok is (verdict == "ok")
 
 
 def test_cuda_init_that_hangs_is_bounded(fake_smi, fake_libcuda, monkeypatch):
     fake_smi(H100X8)
     monkeypatch.setenv("FAKE_CUINIT", "hang")
-    monkeypatch.setattr(agent, "CUDA_TIMEOUT", 0.5)
+    monkeypatch.setattr(node_probe, "CUDA_TIMEOUT", 0.5)
     started = time.monotonic()
-    runtime = agent.check_gpu_runtime(libcuda=str(fake_libcuda))
+    runtime = check_gpu_runtime(libcuda=str(fake_libcuda))
     assert time.monotonic() - started < 5
     assert (runtime.verdict, runtime.message) == (
         "cuda_init_failed",
@@ -493,31 +526,33 @@ def test_cuda_check_sees_the_whole_machine_and_never_the_token(
     report = tmp_path / "report"
     monkeypatch.setenv("FAKE_CUDA_REPORT", str(report))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # would hide every GPU from cuInit
-    monkeypatch.setenv(agent.TOKEN_ENV, TOKEN)
-    assert agent.check_gpu_runtime(libcuda=str(fake_libcuda)).ok
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    assert check_gpu_runtime(libcuda=str(fake_libcuda)).ok
     assert report.read_text().split() == ["-", "-"]
 
 
 def test_a_libcuda_that_cannot_be_loaded_skips_the_check(fake_smi, caplog):
     fake_smi(H100X8)
-    runtime = agent.check_gpu_runtime()  # LIBCUDA points nowhere (the hermetic fixture)
+    runtime = check_gpu_runtime()  # LIBCUDA points nowhere (the hermetic fixture)
     assert runtime.ok
     assert "CUDA check skipped: cannot load" in caplog.text
-    assert agent.check_gpu_runtime(libcuda="").ok  # "" skips it without a word
+    assert check_gpu_runtime(libcuda="").ok  # "" skips it without a word
 
 
 # ---------------------------------------------------------------- self-contained, stdlib only
 
 
-def test_agent_imports_only_the_standard_library():
-    tree = ast.parse(AGENT_FILE.read_text(), feature_version=(3, 8))  # and 3.8 grammar
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            assert node.level == 0, "relative import: the agent must run as one file"
-            imported.add((node.module or "").split(".")[0])
+def test_agent_imports_only_the_standard_library_and_itself():
+    imported, own = set(), {path.stem for path in NODE_PACKAGE.glob("*.py")}
+    for module in NODE_PACKAGE.glob("*.py"):
+        tree = ast.parse(module.read_text(), feature_version=(3, 8))  # and 3.8 grammar
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level:  # within gpuprov.node only
+                assert node.level == 1 and (node.module or "") in own, module.name
+            elif isinstance(node, ast.ImportFrom):
+                imported.add((node.module or "").split(".")[0])
     assert imported, "no imports found: is the AST walk broken?"
     assert sorted(imported - set(sys.stdlib_module_names)) == []
     assert not imported & {"gpuprov", "providers", "pydantic", "tomllib", "zoneinfo", "graphlib"}
@@ -533,14 +568,12 @@ def _python38() -> str | None:
 
 
 @pytest.mark.parametrize("python", ["current", "3.8"])
-def test_agent_runs_as_one_file_without_site_packages(fake_smi, fake_libcuda, tmp_path, python):
+def test_agent_pyz_runs_alone_without_site_packages(fake_smi, fake_libcuda, tmp_path, python):
     interpreter = sys.executable if python == "current" else _python38()
     if interpreter is None:
         pytest.skip("no python3.8 here")
-    # A copy alone in a directory, `-I -S`: no gpuprov, no site-packages, as on a bare image.
-    lone = tmp_path / "lone" / "agent.py"
-    lone.parent.mkdir()
-    shutil.copy(AGENT_FILE, lone)
+    # agent.pyz alone in a directory, `-I -S`: no gpuprov, no site-packages, as on a bare image.
+    lone = install_agent(tmp_path / "lone")
     fake_smi(H100X8)
     result = subprocess.run(
         [interpreter, "-I", "-S", str(lone), "probe", "--libcuda", str(fake_libcuda)],
@@ -701,14 +734,14 @@ def token_file(tmp_path: Path, text: str, mode: int = 0o600) -> Path:
 )  # fmt: skip
 def test_token_file_holds_a_bare_token_or_an_env_file(tmp_path, caplog, text, url, vm):
     path = token_file(tmp_path, text)
-    secret = agent.read_join_secret(token_file=str(path))
+    secret = read_join_secret(token_file=str(path))
     assert (secret.token, secret.api_url, secret.vm) == (TOKEN, url, vm)
     assert path.exists() and "open to other users" not in caplog.text
 
 
 def test_token_file_open_to_others_is_warned_about_and_can_be_deleted(tmp_path, caplog):
     path = token_file(tmp_path, TOKEN, mode=0o644)
-    assert agent.read_token(str(path), delete_file=True) == TOKEN
+    assert read_token(str(path), delete_file=True) == TOKEN
     assert "token file" in caplog.text and "(mode 644): chmod 600 it" in caplog.text
     assert not path.exists()
     assert TOKEN not in caplog.text
@@ -717,7 +750,7 @@ def test_token_file_open_to_others_is_warned_about_and_can_be_deleted(tmp_path, 
 def test_token_from_a_descriptor(tmp_path):
     read_end, write_end = os.pipe()
     os.write(write_end, f"{TOKEN}\nsecond line\n".encode())  # the writer keeps it open
-    assert agent.read_token(token_fd=read_end) == TOKEN
+    assert read_token(token_fd=read_end) == TOKEN
     with pytest.raises(OSError):  # closed once read
         os.fstat(read_end)
     os.close(write_end)
@@ -727,7 +760,7 @@ def test_a_descriptor_that_never_delivers_times_out():
     read_end, write_end = os.pipe()
     try:
         with pytest.raises(AgentError, match="no join token on descriptor .* within 0.2s"):
-            agent.read_join_secret(token_fd=read_end, wait=0.2)
+            read_join_secret(token_fd=read_end, wait=0.2)
     finally:
         os.close(write_end)
 
@@ -735,20 +768,20 @@ def test_a_descriptor_that_never_delivers_times_out():
 def test_no_child_inherits_an_environment_token(fake_smi, monkeypatch, tmp_path):
     dump = tmp_path / "smi-saw"
     fake_smi(smi_script("query-l4.txt", dump=dump))
-    monkeypatch.setenv(agent.TOKEN_ENV, TOKEN)  # e.g. `probe`, which never reads it
-    assert agent.check_gpu_runtime().ok
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)  # e.g. `probe`, which never reads it
+    assert check_gpu_runtime().ok
     assert "PATH=" in dump.read_text() and TOKEN not in dump.read_text()
 
 
 def test_the_environment_token_is_warned_about_and_removed(monkeypatch, caplog, tmp_path):
-    monkeypatch.setenv(agent.TOKEN_ENV, TOKEN)
-    assert agent.read_token() == TOKEN
-    assert agent.TOKEN_ENV not in os.environ  # nothing started from here inherits it
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    assert read_token() == TOKEN
+    assert TOKEN_ENV not in os.environ  # nothing started from here inherits it
     assert "`ps e`" in caplog.text and TOKEN not in caplog.text
     # A token file wins, and the environment is scrubbed all the same.
-    monkeypatch.setenv(agent.TOKEN_ENV, "env-" + TOKEN)
-    assert agent.read_token(str(token_file(tmp_path, TOKEN))) == TOKEN
-    assert agent.TOKEN_ENV not in os.environ
+    monkeypatch.setenv(TOKEN_ENV, "env-" + TOKEN)
+    assert read_token(str(token_file(tmp_path, TOKEN))) == TOKEN
+    assert TOKEN_ENV not in os.environ
 
 
 @pytest.mark.parametrize(
@@ -763,7 +796,7 @@ def test_the_environment_token_is_warned_about_and_removed(monkeypatch, caplog, 
 )
 def test_a_malformed_token_is_refused_without_quoting_it(tmp_path, text, error):
     with pytest.raises(AgentError, match=error) as refused:
-        agent.read_token(str(token_file(tmp_path, text)))
+        read_token(str(token_file(tmp_path, text)))
     assert TOKEN not in str(refused.value) and "short" not in str(refused.value)
 
 
@@ -771,7 +804,7 @@ def test_a_malformed_token_is_refused_without_quoting_it(tmp_path, text, error):
 
 
 def agent_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != agent.TOKEN_ENV}
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
     return env | extra
 
 
@@ -789,11 +822,11 @@ def test_agent_command_registers_with_the_token_off_the_command_line(
     retry = [(503, {"detail": f"retry {TOKEN}"})] if source == "stdin" else []
     fake_api.responses = [*retry, (200, ACCEPTED)]
     env = agent_env()
-    argv = [sys.executable, str(AGENT_FILE), "register", "--libcuda", "none"]
+    argv = [sys.executable, str(agent_pyz()), "register", "--libcuda", "none"]
     argv += ["--state-dir", str(tmp_path / "state")]
     stdin, pass_fds = "", ()
     if source == "env":
-        env[agent.TOKEN_ENV] = TOKEN
+        env[TOKEN_ENV] = TOKEN
         argv += ["--url", fake_api.url]
     elif source == "file":  # cloud-init's env file: it names the API too, and goes once read
         path = token_file(tmp_path, f"GPUPROV_API_URL={fake_api.url}\nGPUPROV_JOIN_TOKEN={TOKEN}\n")
@@ -828,7 +861,7 @@ def test_agent_command_registers_with_the_token_off_the_command_line(
 def test_agent_command_refuses_a_token_on_its_command_line(fake_api, fake_smi):
     fake_smi(H100X8)
     result = subprocess.run(
-        [sys.executable, str(AGENT_FILE), "register", "--url", fake_api.url, "--token", TOKEN],
+        [sys.executable, str(agent_pyz()), "register", "--url", fake_api.url, "--token", TOKEN],
         env=agent_env(),
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -844,7 +877,7 @@ def test_agent_command_refuses_a_token_on_its_command_line(fake_api, fake_smi):
 def test_agent_command_needs_an_api_url(tmp_path):
     path = token_file(tmp_path, TOKEN)
     result = subprocess.run(
-        [sys.executable, str(AGENT_FILE), "register", "--token-file", str(path)],
+        [sys.executable, str(agent_pyz()), "register", "--token-file", str(path)],
         env=agent_env(),
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -857,7 +890,7 @@ def test_agent_command_needs_an_api_url(tmp_path):
 
 def test_agent_command_without_a_token_fails_before_contacting_anyone(fake_api):
     result = subprocess.run(
-        [sys.executable, "-m", "gpuprov.agent", "register", "--url", fake_api.url],
+        [sys.executable, "-m", "gpuprov.node", "register", "--url", fake_api.url],
         cwd=REPO,
         env=agent_env(),
         stdin=subprocess.DEVNULL,
@@ -943,8 +976,7 @@ async def test_agent_process_never_shows_the_token(live_api, fake_smi, tmp_path)
     token = vm_token(live_api.records)
     node_dir = tmp_path / "node"
     node_dir.mkdir(mode=0o700)
-    installed = node_dir / "agent.py"
-    shutil.copy(AGENT_FILE, installed)
+    installed = install_agent(node_dir)
     process = await asyncio.create_subprocess_exec(
         sys.executable, str(installed), "register", "--url", live_api.url, "--libcuda", "none",
         stdin=asyncio.subprocess.PIPE,
@@ -971,7 +1003,7 @@ async def test_agent_process_never_shows_the_token(live_api, fake_smi, tmp_path)
     assert token not in out.decode() + err.decode()
     assert "argv:" in secrets_in(dump) and token not in secrets_in(dump)
 
-    kept = node_dir / agent.CREDENTIAL_FILE
+    kept = node_dir / CREDENTIAL_FILE
     assert shown["credential_file"] == str(kept)
     assert kept.stat().st_mode & 0o777 == 0o600
     credential = kept.read_text().strip()
@@ -979,5 +1011,5 @@ async def test_agent_process_never_shows_the_token(live_api, fake_smi, tmp_path)
     worker = Credentials(live_api.records.db).worker(credential)
     assert worker is not None and worker.id == shown["worker_id"]
     kept_files = sorted(path.name for path in node_dir.iterdir())
-    assert kept_files == ["agent.py", agent.CREDENTIAL_FILE, agent.NODE_FILE]
-    assert credential not in (node_dir / agent.NODE_FILE).read_text()
+    assert kept_files == [AGENT_FILE, CREDENTIAL_FILE, NODE_FILE]
+    assert credential not in (node_dir / NODE_FILE).read_text()

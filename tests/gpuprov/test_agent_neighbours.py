@@ -19,8 +19,9 @@ import httpx
 import pytest
 import respx
 
-from gpuprov import agent
 from gpuprov.cli.dev import free_port
+from gpuprov.node.errors import AgentError
+from gpuprov.node.http_client import call_api
 from providers.fake import agent as fake_agent
 from providers.fake import node
 from tests.gpuprov.test_agent_run import (
@@ -128,15 +129,15 @@ def throttling_server() -> Iterator[str]:
 
 def test_the_agent_waits_out_a_429s_retry_after_and_gets_through():
     with throttling_server() as url:
-        answer = agent.call_api(url, "/v1/workers/me", tries=3, pause=0.05)
+        answer = call_api(url, "/v1/workers/me", tries=3, pause=0.05)
     assert answer == {}
     first, second = _Throttling.seen
     assert second - first >= 1.9  # the Retry-After, not the 0.05 s backoff
 
 
 def test_a_throttled_call_that_runs_out_of_tries_is_transient_and_says_how_long_to_wait():
-    with throttling_server() as url, pytest.raises(agent.AgentError) as raised:
-        agent.call_api(url, "/v1/workers/me", tries=1)
+    with throttling_server() as url, pytest.raises(AgentError) as raised:
+        call_api(url, "/v1/workers/me", tries=1)
     assert raised.value.transient and raised.value.retry_after == 2.0
     assert raised.value.status is None  # no refusal: asked again, it can get through
 
@@ -148,7 +149,7 @@ async def test_the_fake_clouds_agent_takes_a_429_for_a_pause_not_a_refusal(respx
         httpx.Response(429, headers={"Retry-After": "1"}, json={"detail": "slow down"}),
         httpx.Response(200, json={"credential": "gpw_x"}),
     ]
-    capabilities = fake_agent.WorkerCapabilities.model_validate(CAPABILITIES)
+    capabilities = dict(CAPABILITIES)
     started = time.monotonic()
     assert await fake_agent.register("http://api", "a-join-token-0001", capabilities) == "gpw_x"
     assert time.monotonic() - started >= 0.9 and route.call_count == 2

@@ -1,4 +1,4 @@
-"""The node agent as a daemon (`agent.py run`): `nvidia-smi -q` parsed against captured outputs,
+"""The node agent as a daemon (`agent.pyz run`): `nvidia-smi -q` parsed against captured outputs,
 the heartbeat verdict against a stub nvidia-smi replaying them, and the real process against
 the real API: it registers once, heartbeats at the interval the API answers, rides out an API
 outage, resumes from its kept credential, and stops (exit 0, one line) once revoked. The join
@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,16 +21,20 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import agent
 from gpuprov.api.app import create_app, serving
 from gpuprov.cli.dev import free_port
 from gpuprov.config import WorkersSettings
+from gpuprov.node import probe as node_probe
+from gpuprov.node import smi as node_smi
+from gpuprov.node.credentials import CREDENTIAL_FILE, NODE_FILE
+from gpuprov.node.health import MAX_DETAIL, Health, check_health, parse_query, query_findings
+from gpuprov.node.join_token import TOKEN_ENV
 from gpuprov.store.liveness import Liveness
 from gpuprov.store.records import Records
 from providers.base import InstanceSpec, NodeBootstrap
 from providers.fake import node
 from providers.userdata import JOIN_ENV_PATH, user_data
-from tests.gpuprov.test_agent import AGENT_FILE, FIXTURES, _python38
+from tests.gpuprov.test_agent import FIXTURES, _python38, agent_pyz, install_agent
 from tests.gpuprov.test_api import snapshot, vm_token
 
 X8 = [
@@ -49,9 +52,9 @@ def fixture(name: str) -> str:
 @pytest.fixture(autouse=True)
 def hermetic(tmp_path, monkeypatch):
     """No real libcuda, kernel module or token of this machine leaks into a test."""
-    monkeypatch.setattr(agent, "LIBCUDA", str(tmp_path / "no-libcuda.so"))
-    monkeypatch.setattr(agent, "DRIVER_VERSION_FILE", str(tmp_path / "no-driver-version"))
-    monkeypatch.delenv(agent.TOKEN_ENV, raising=False)
+    monkeypatch.setattr(node_probe, "LIBCUDA", str(tmp_path / "no-libcuda.so"))
+    monkeypatch.setattr(node_smi, "DRIVER_VERSION_FILE", str(tmp_path / "no-driver-version"))
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
 
 
 def install(bin_dir: Path, fault: str | None = None) -> Path:
@@ -77,7 +80,7 @@ def smi(tmp_path, monkeypatch) -> Callable[[str | None], None]:
 
 
 def test_query_parses_every_gpu_section_of_a_healthy_node():
-    gpus = agent.parse_query(fixture("q-h100-80gb-hbm3-x8.txt"))
+    gpus = parse_query(fixture("q-h100-80gb-hbm3-x8.txt"))
     assert len(gpus) == 8
     fields = gpus["00000000:86:00.0"]
     assert fields[("Product Name",)] == "NVIDIA H100 80GB HBM3"
@@ -85,8 +88,8 @@ def test_query_parses_every_gpu_section_of_a_healthy_node():
     assert fields[("Remapped Rows", "Pending")] == "No"
     assert ("Retired Pages", "Double Bit ECC") not in fields  # N/A says nothing
     assert [fields[("GPU UUID",)] for fields in gpus.values()] == X8
-    assert agent.query_findings(fixture("q-h100-80gb-hbm3-x8.txt")) == []
-    assert agent.query_findings(fixture("q-h100-80gb-hbm3-x7.txt")) == []
+    assert query_findings(fixture("q-h100-80gb-hbm3-x8.txt")) == []
+    assert query_findings(fixture("q-h100-80gb-hbm3-x7.txt")) == []
 
 
 @pytest.mark.parametrize(
@@ -105,7 +108,7 @@ def test_query_parses_every_gpu_section_of_a_healthy_node():
     ],
 )  # fmt: skip
 def test_query_findings_name_each_captured_fault(name, findings):
-    assert agent.query_findings(fixture(name)) == findings
+    assert query_findings(fixture(name)) == findings
 
 
 def test_query_findings_read_older_and_newer_layouts():
@@ -119,13 +122,13 @@ def test_query_findings_read_older_and_newer_layouts():
         "            Double Bit\n                Total                     : 7\n"
         "    GPU Recovery Action                   : Reset\n"
     )
-    assert agent.query_findings(older) == [
+    assert query_findings(older) == [
         "GPU 00000000:3B:00.0: 2 uncorrectable ECC error(s) since the driver loaded (Xid 48)",
         "GPU 00000000:3B:00.0: recovery action Reset",
     ]
     other = "Unable to determine the device handle for GPU3: 0000:5F:00.0: Unknown Error\n"
-    assert agent.query_findings(other) == ["GPU 0000:5F:00.0 is lost (fallen off the bus, Xid 79)"]
-    assert agent.query_findings("NVRM: GPU has fallen off the bus.\n") == [
+    assert query_findings(other) == ["GPU 0000:5F:00.0 is lost (fallen off the bus, Xid 79)"]
+    assert query_findings("NVRM: GPU has fallen off the bus.\n") == [
         "a GPU is lost (Xid 79): NVRM: GPU has fallen off the bus."
     ]
 
@@ -135,7 +138,7 @@ def test_query_findings_read_older_and_newer_layouts():
 
 def test_a_healthy_node_is_healthy(smi):
     smi()
-    assert agent.check_health(X8) == agent.Health(True)
+    assert check_health(X8) == Health(True)
 
 
 @pytest.mark.parametrize(
@@ -151,21 +154,21 @@ def test_a_healthy_node_is_healthy(smi):
 )  # fmt: skip
 def test_each_captured_fault_makes_the_node_unhealthy_in_nvidia_smis_words(smi, fault, words):
     smi(fault)
-    health = agent.check_health(X8)
+    health = check_health(X8)
     assert not health.healthy and health.detail is not None
     for word in words:
         assert word in health.detail, health.detail
-    assert len(health.detail) <= agent.MAX_DETAIL
+    assert len(health.detail) <= MAX_DETAIL
 
 
 def test_a_missing_gpu_is_only_seen_against_what_was_registered(smi):
     smi("gpu_missing")
-    assert agent.check_health([]) == agent.Health(True)  # an older registration kept none
+    assert check_health([]) == Health(True)  # an older registration kept none
 
 
 def test_nvidia_smi_gone_is_one_finding(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    assert agent.check_health(X8) == agent.Health(False, "nvidia-smi not found")
+    assert check_health(X8) == Health(False, "nvidia-smi not found")
 
 
 # ---------------------------------------------------------------- the daemon, for real
@@ -203,9 +206,7 @@ class Daemon:
 
 
 def start(root: Path, python: str, *args: str) -> Daemon:
-    installed = root / node.AGENT_PATH
-    installed.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy(AGENT_FILE, installed)
+    installed = install_agent((root / node.AGENT_PATH).parent)
     bin_dir = root / "bin"
     argv = [python, "-I", "-S", str(installed), "run", "--state-dir", str(root / node.STATE_DIR),
             "--libcuda", "none", *args]  # fmt: skip
@@ -266,9 +267,9 @@ async def test_run_registers_once_heartbeats_a_fault_and_stops_when_revoked(
             assert b"run" in cmdline and b"PATH=" in environ  # the right process
             assert token.encode() not in cmdline + environ
             assert not token_file.exists()  # deleted once registered
-            kept = daemon.state_dir / agent.CREDENTIAL_FILE
+            kept = daemon.state_dir / CREDENTIAL_FILE
             assert kept.stat().st_mode & 0o777 == 0o600
-            record = json.loads((daemon.state_dir / agent.NODE_FILE).read_text())
+            record = json.loads((daemon.state_dir / NODE_FILE).read_text())
             assert (record["api_url"], record["worker_id"], record["gpus"]) == (url, worker_id, X8)
 
             install(root / "bin", "ecc_error")  # a double-bit ECC error, now
@@ -339,15 +340,15 @@ async def test_run_rides_out_an_api_outage_and_resumes_from_its_credential(recor
 def test_run_takes_no_token_from_its_environment(tmp_path):
     token = "tok-Zq8vJ3nX0aB4cD5eF6gH7iJ8kL9mN0pQ"
     result = subprocess.run(
-        [sys.executable, "-I", "-S", str(AGENT_FILE), "run", "--url", "http://127.0.0.1:9",
+        [sys.executable, "-I", "-S", str(agent_pyz()), "run", "--url", "http://127.0.0.1:9",
          "--state-dir", str(tmp_path / "state"), "--libcuda", "none"],
-        env={"PATH": "/usr/bin:/bin", agent.TOKEN_ENV: token},
+        env={"PATH": "/usr/bin:/bin", TOKEN_ENV: token},
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=60,
     )  # fmt: skip
     assert result.returncode == 2, result.stderr
-    assert f"ignoring ${agent.TOKEN_ENV}" in result.stderr and "no join token" in result.stderr
+    assert f"ignoring ${TOKEN_ENV}" in result.stderr and "no join token" in result.stderr
     assert token not in result.stderr + result.stdout
     assert not (tmp_path / "state").exists()

@@ -12,19 +12,21 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import service
+from gpuprov.cli import join_service as service
+from providers import agent_artifact
+from tests.gpuprov.test_agent import install_agent
 from tests.gpuprov.test_join import ControlPlane, control_plane, join_with_new_token, workers
 
 __all__ = ["control_plane"]  # the fixture, used by name
 
 
 def test_the_unit_runs_the_agent_from_its_kept_credential_and_stays_down_once_revoked(tmp_path):
-    command = service.agent_command(Path("/usr/local/lib/gpuprov/agent.py"), "/root/w", "/ca.pem")
+    command = service.agent_command(Path("/usr/local/lib/gpuprov/agent.pyz"), "/root/w", "/ca.pem")
     unit = service.unit_text(command)
 
     assert f"ExecStart={shlex.join(command)}\n" in unit
     assert command[1:] == [
-        "-I", "-S", "/usr/local/lib/gpuprov/agent.py", "run", "--state-dir", "/root/w",
+        "-I", "-S", "/usr/local/lib/gpuprov/agent.pyz", "run", "--state-dir", "/root/w",
         "--ca-file", "/ca.pem",
     ]  # fmt: skip
     assert "Restart=on-failure" in unit and "RestartPreventExitStatus=2" in unit
@@ -38,19 +40,19 @@ def test_install_writes_the_agent_and_the_unit_then_enables_it(tmp_path):
     systemctl.write_text(f'#!/bin/sh\necho "$*" >> {said}\n')
     systemctl.chmod(0o755)
 
+    fetched = install_agent(tmp_path / "state")  # what fetch_agent left there, pinned
     running = service.install_systemd(
         str(tmp_path / "state"),
         None,
+        fetched,
         unit_dir=tmp_path / "units",
         agent_dir=tmp_path / "lib",
         systemctl=str(systemctl),
     )
 
     assert running.unit == tmp_path / "units" / service.UNIT_NAME
-    assert (tmp_path / "lib" / "agent.py").read_bytes() == (
-        Path(service.__file__).parent / "agent.py"
-    ).read_bytes()
-    assert str(tmp_path / "lib" / "agent.py") in running.unit.read_text()
+    assert (tmp_path / "lib" / "agent.pyz").read_bytes() == agent_artifact.artifact()
+    assert str(tmp_path / "lib" / "agent.pyz") in running.unit.read_text()
     assert said.read_text().splitlines() == ["daemon-reload", f"enable --now {service.UNIT_NAME}"]
     assert "systemd service gpuprov-agent.service" in running.lines()[0]
 
@@ -61,8 +63,23 @@ def test_a_failing_systemctl_says_how_to_run_the_agent_instead(tmp_path):
     systemctl.chmod(0o755)
     with pytest.raises(service.ServiceError, match="Failed to connect to bus; start the agent"):
         service.install_systemd(
-            "/state", None, unit_dir=tmp_path, agent_dir=tmp_path, systemctl=str(systemctl)
+            "/state",
+            None,
+            install_agent(tmp_path / "state"),
+            unit_dir=tmp_path,
+            agent_dir=tmp_path,
+            systemctl=str(systemctl),
         )
+
+
+def test_an_agent_changed_after_it_was_fetched_is_not_installed(tmp_path):
+    fetched = install_agent(tmp_path / "state")
+    fetched.write_bytes(fetched.read_bytes() + b"\0")
+    with pytest.raises(service.ServiceError, match="no longer matches its pinned SHA-256"):
+        service.install_systemd(
+            "/state", None, fetched, unit_dir=tmp_path, agent_dir=tmp_path / "lib"
+        )
+    assert not (tmp_path / "lib" / "agent.pyz").exists()
 
 
 async def test_join_prints_a_foreground_command_that_heartbeats(

@@ -1,4 +1,4 @@
-"""The node agent runs its node's work (`agent.py run`, the real process, installed alone and
+"""The node agent runs its node's work (`agent.pyz run`, the real process, installed alone and
 run `-I -S` as on a node) against the real API over HTTP and a real database: setup then run
 under /bin/sh in a process group of its own, the output sent in order, the end reported with
 the last lines; never the same work twice, even across a restart of the agent; a lost control
@@ -16,11 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import agent
 from gpuprov.api.app import create_app, serving
 from gpuprov.cli.dev import free_port
 from gpuprov.config import JobsSettings, WorkersSettings
 from gpuprov.models import WorkState
+from gpuprov.node.credentials import CREDENTIAL_FILE
+from gpuprov.node.processes import WORK_MARK
+from gpuprov.node.workdir import ASSIGNMENT_FILE, CURSOR_FILE, PID_FILE, WORK_SUBDIR
 from gpuprov.store.logs import Lines, LogRecords
 from gpuprov.store.records import Records
 from gpuprov.store.work import Assignment, RunCommand, WorkRecords
@@ -53,7 +55,7 @@ async def node(
             found = await until(lambda: records.workers_of_vms([VM]), "registration")
             [worker_id] = [row.id for row in found.values()]
             # The row is written before the agent has its answer and saves the credential.
-            kept = daemon.state_dir / agent.CREDENTIAL_FILE
+            kept = daemon.state_dir / CREDENTIAL_FILE
             await until(kept.exists, "the credential kept")  # written aside, then renamed
             yield daemon, worker_id, port
         finally:
@@ -104,7 +106,7 @@ def gone(pid: int) -> bool:
 
 
 def work_dir(daemon: Daemon, work_id: str) -> Path:
-    return daemon.state_dir / agent.WORK_SUBDIR / work_id
+    return daemon.state_dir / WORK_SUBDIR / work_id
 
 
 @pytest.mark.parametrize("python", sorted(PYTHONS))
@@ -113,7 +115,7 @@ async def test_setup_then_run_their_output_in_order_and_the_end_with_its_last_li
 ):
     script = 'echo "rank $GPUPROV_NODE_RANK says $GREETING"; echo oops >&2; env; exit 0'
     async with node(records, tmp_path, PYTHONS[python]) as (daemon, worker_id, _):
-        credential = (daemon.state_dir / agent.CREDENTIAL_FILE).read_text().strip()
+        credential = (daemon.state_dir / CREDENTIAL_FILE).read_text().strip()
         work_id = assign(records, worker_id, script, setup="echo setting up; printf 'a\\nb'")
         row = await until(lambda: ended(records), "the work's end")
         assert (row.state, row.exit_code) == (WorkState.EXITED, 0), daemon.log
@@ -132,9 +134,9 @@ async def test_setup_then_run_their_output_in_order_and_the_end_with_its_last_li
             "HOME",
             "GPUPROV_NODE_RANK",
             "GREETING",
-            agent.WORK_MARK,
+            WORK_MARK,
         }
-        assert env[agent.WORK_MARK] == work_id  # how its processes are found without a cgroup
+        assert env[WORK_MARK] == work_id  # how its processes are found without a cgroup
         assert credential not in json.dumps(lines)
         # The agent reports the end first and then removes the directory (a crash between
         # the two re-reports it), so the removal follows the row by a moment.
@@ -204,10 +206,10 @@ async def test_a_stop_is_sigterm_then_sigkill_after_the_grace_period(records, tm
         work_id = assign(records, worker_id, script)
         await until(lambda: ("stdout", "ready") in output(records), "the work running")
         kept = work_dir(daemon, work_id)
-        pid = int((kept / agent.PID_FILE).read_text())
+        pid = int((kept / PID_FILE).read_text())
         assert not gone(pid)
         assert kept.stat().st_mode & 0o777 == 0o700
-        for name in (agent.ASSIGNMENT_FILE, "stdout", "stderr", agent.CURSOR_FILE):
+        for name in (ASSIGNMENT_FILE, "stdout", "stderr", CURSOR_FILE):
             assert (kept / name).stat().st_mode & 0o777 == 0o600, name
         WorkRecords(records.db).request_stop(JOB, 0)
         row = await until(lambda: ended(records), "the stop reported")
@@ -220,8 +222,8 @@ async def test_a_stop_is_sigterm_then_sigkill_after_the_grace_period(records, tm
 async def test_work_that_ends_on_sigterm_is_reported_stopped_at_once(records, tmp_path):
     async with node(records, tmp_path) as (daemon, worker_id, _):
         work_id = assign(records, worker_id, "sleep 3600 & wait")
-        await until(lambda: (work_dir(daemon, work_id) / agent.PID_FILE).exists(), "the start")
-        pid = int((work_dir(daemon, work_id) / agent.PID_FILE).read_text())
+        await until(lambda: (work_dir(daemon, work_id) / PID_FILE).exists(), "the start")
+        pid = int((work_dir(daemon, work_id) / PID_FILE).read_text())
         WorkRecords(records.db).request_stop(JOB, 0)
         row = await until(lambda: ended(records), "the stop reported")
         assert gone(pid)  # the background sleep too: the whole group

@@ -1,4 +1,4 @@
-"""A job's processes end with it (`agent.py run`, the real process): whatever its work started,
+"""A job's processes end with it (`agent.pyz run`, the real process): whatever its work started,
 in whatever session (`setsid`, a double fork), is killed once the work's main process has ended
 or its stop's grace period is over, before the end is reported; so nothing of one job is left
 to read the next job's assignment on the same worker. The agent runs the work in a cgroup v2 of
@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuprov import agent
 from gpuprov.models import WorkState
+from gpuprov.node.processes import WORK_MARK, sweep
+from gpuprov.node.workdir import ASSIGNMENT_FILE, CGROUP_FILE, PID_FILE, WORK_SUBDIR
 from gpuprov.store.work import Assignment, RunCommand, WorkRecords
 from tests.gpuprov.test_agent_run import until
 from tests.gpuprov.test_agent_work import JOB, assign, ended, node, work_dir
@@ -118,12 +119,12 @@ async def test_a_setsid_daemon_is_gone_before_the_next_job_s_assignment_exists(
     python = sys.executable if cgroups == "cgroup" else without_cgroups(tmp_path)
     leak = tmp_path / "leak"
     async with node(records, tmp_path, python) as (daemon, worker_id, _):
-        work_root = daemon.state_dir / agent.WORK_SUBDIR
-        reader = f"cat {work_root}/*/{agent.ASSIGNMENT_FILE} >> {leak} 2>/dev/null"
+        work_root = daemon.state_dir / WORK_SUBDIR
+        reader = f"cat {work_root}/*/{ASSIGNMENT_FILE} >> {leak} 2>/dev/null"
         work_id = assign(records, worker_id, daemon_script(pid_files, "reader", reader))
         await until(lambda: (pid_files / "reader").exists(), "the daemon started")
         pid = int((pid_files / "reader").read_text())
-        cgroup = read(work_dir(daemon, work_id) / agent.CGROUP_FILE)
+        cgroup = read(work_dir(daemon, work_id) / CGROUP_FILE)
         # The daemon left the work's session, but not its cgroup.
         in_cgroup = bool(cgroup) and str(pid) in read(Path(cgroup, "cgroup.procs")).split()
         assert alive(pid)
@@ -193,12 +194,12 @@ async def test_the_work_dir_and_every_file_in_it_are_the_work_s_alone_then_remov
     async with node(records, tmp_path) as (daemon, worker_id, _):
         work_id = assign(records, worker_id, "echo ready; sleep 1; echo done", setup="echo setup")
         kept = work_dir(daemon, work_id)
-        await until(lambda: (kept / agent.PID_FILE).exists(), "the work running")
+        await until(lambda: (kept / PID_FILE).exists(), "the work running")
         assert stat.S_IMODE(kept.parent.stat().st_mode) == 0o700
         assert stat.S_IMODE(kept.stat().st_mode) == 0o700
         files = {path.name: stat.S_IMODE(path.stat().st_mode) for path in kept.iterdir()}
         assert files == dict.fromkeys(files, 0o600)
-        assert {agent.ASSIGNMENT_FILE, agent.PID_FILE, agent.CGROUP_FILE} <= set(files)
+        assert {ASSIGNMENT_FILE, PID_FILE, CGROUP_FILE} <= set(files)
         owner = os.getuid()  # the agent runs the work as its own user
         assert {path.stat().st_uid for path in [kept, *kept.iterdir()]} == {owner}
         await until(lambda: ended(records), "the work's end")
@@ -209,7 +210,7 @@ def test_sweep_without_a_cgroup_kills_each_process_with_the_mark_and_no_other(tm
     started = []
     try:
         for mark in ("work-a", "work-b"):
-            env = {"PATH": os.environ["PATH"], agent.WORK_MARK: mark}
+            env = {"PATH": os.environ["PATH"], WORK_MARK: mark}
             code = daemonise(tmp_path / mark)
             subprocess.run(
                 [sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL, check=True
@@ -219,7 +220,7 @@ def test_sweep_without_a_cgroup_kills_each_process_with_the_mark_and_no_other(tm
                 assert time.monotonic() < deadline, "the daemon did not start"
                 time.sleep(0.05)
             started.append(int((tmp_path / mark).read_text()))
-        agent.sweep("work-a")
+        sweep("work-a")
         assert not alive(started[0])
         assert alive(started[1])  # another work's mark
     finally:

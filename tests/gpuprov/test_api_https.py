@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import shutil
 import ssl
 import sys
 from collections.abc import AsyncIterator
@@ -18,13 +17,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpuprov import agent
 from gpuprov.api.app import create_app, serving
 from gpuprov.cli.dev import free_port
+from gpuprov.node.credentials import CREDENTIAL_FILE
 from gpuprov.sdk.pem import SettingError
 from gpuprov.store.credentials import Credentials
 from gpuprov.store.records import Records
-from tests.gpuprov.test_agent import AGENT_FILE, H100X8, agent_env, install_nvidia_smi
+from tests.gpuprov.test_agent import H100X8, agent_env, install_agent, install_nvidia_smi
 from tests.gpuprov.test_api import LABEL, TTL, snapshot
 from tests.tls import Pki
 
@@ -59,8 +58,7 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     directory = tmp_path / "node"
     directory.mkdir(mode=0o700)
-    shutil.copy(AGENT_FILE, directory / "agent.py")
-    return directory / "agent.py"
+    return install_agent(directory)
 
 
 async def run_agent(installed: Path, *args: str, stdin: str = "") -> tuple[int, str, str]:
@@ -90,7 +88,7 @@ async def test_the_agent_with_the_pinned_ca_registers_and_then_uses_its_credenti
     assert code == 0, err
     shown = json.loads(out)
     assert shown["label"] == LABEL and "credential" not in shown
-    kept = node.parent / agent.CREDENTIAL_FILE
+    kept = node.parent / CREDENTIAL_FILE
     assert kept.stat().st_mode & 0o777 == 0o600
     credential = kept.read_text().strip()
     worker = Credentials(https_api.records.db).worker(credential)
@@ -121,7 +119,7 @@ async def test_the_agent_refuses_an_api_it_cannot_verify_and_nothing_changes(
     assert "pass --ca-file with the CA that signed it" in err
     assert "retrying" not in err and token not in err
     assert snapshot(https_api.records) == before  # the token is still unused
-    assert not (node.parent / agent.CREDENTIAL_FILE).exists()
+    assert not (node.parent / CREDENTIAL_FILE).exists()
 
 
 async def test_an_operator_calls_the_api_over_https(https_api: HttpsApi):

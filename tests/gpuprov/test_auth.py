@@ -18,6 +18,7 @@ from gpuprov.api.app import create_app
 from gpuprov.api.auth import AuthFailures
 from gpuprov.store.credentials import Credentials
 from gpuprov.store.records import Records
+from providers.node_agent import AGENT_ROUTE
 from tests.gpuprov.in_process import OTHER_CALLER, client_for
 from tests.gpuprov.test_api import (
     LABEL,
@@ -119,8 +120,9 @@ async def test_every_endpoint_declares_who_may_call_it(app: FastAPI, api: httpx.
         ("POST", "/v1/work/{work_id}/started"),
         ("POST", "/v1/workers/heartbeat"),
     ]
-    # Everything but health checks a secret (the join token checks its own, throttled).
-    assert sorted(set(every) - set(throttled)) == [("GET", "/v1/health")]
+    # Everything but health and the node agent's artifact (no secret in either) checks a
+    # secret (the join token checks its own, throttled).
+    assert sorted(set(every) - set(throttled)) == [("GET", "/v1/health"), ("GET", AGENT_ROUTE)]
     assert set(throttled) == set(operator) | set(worker) | {("POST", REGISTER)}
     for path in ("/openapi.json", "/docs", "/redoc"):  # no unauthenticated document either
         assert (await api.get(path)).status_code == 404

@@ -21,6 +21,7 @@ import pytest
 from sqlmodel import select
 from temporalio.testing import WorkflowEnvironment
 
+from gpuprov import api_node
 from gpuprov.api.app import create_app, serving
 from gpuprov.cli.dev import free_port
 from gpuprov.engine.worker import open_records
@@ -28,6 +29,7 @@ from gpuprov.models import WorkerCapabilities
 from gpuprov.store.credentials import Credentials
 from gpuprov.store.db import JoinToken, WorkerRecord
 from gpuprov.store.records import Records
+from providers import agent_artifact
 from tests.gpuprov.test_agent import H100X8, TOKEN, install_nvidia_smi
 from tests.gpuprov.test_records import snapshot
 
@@ -271,3 +273,35 @@ async def test_a_password_in_the_url_is_never_echoed_and_the_token_is_not_spent(
     assert "hunter2" not in out + err and "ops:" not in out + err
     assert f"bad API URL 'http://***@127.0.0.1:{plane.port}'" in err
     assert snapshot(plane.records.db) == before  # refused before anything was sent
+
+
+@pytest.mark.parametrize("served", ["tampered", "truncated"])
+async def test_join_refuses_an_agent_that_does_not_match_its_pin_and_spends_nothing(
+    control_plane, tmp_path, monkeypatch, served
+):
+    plane = control_plane
+    good = agent_artifact.artifact()
+    bad = good.replace(b"AGENT_VERSION = ", b"AGENT_VERSION = 'x' or ")
+    monkeypatch.setattr(api_node, "agent_pyz", lambda: bad if served == "tampered" else good[:-99])
+    token = await create_token(plane, "gpu-box-7")
+    before = snapshot(plane.records.db)
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    token_file.chmod(0o600)
+    code, out, err = await gpuprov(
+        "join", "--url", plane.url, "--token-file", str(token_file), env=plane.env
+    )
+    assert code == 2, (out, err)
+    assert "not joined: refused" in err and f"pinned {agent_artifact.sha256()}" in err
+    assert snapshot(plane.records.db) == before  # the token unspent, no worker
+    assert not list((tmp_path / "home").rglob("agent.pyz"))  # nothing left to run
+
+    monkeypatch.setattr(api_node, "agent_pyz", lambda: good)  # as pinned: the same token works
+    code, out, err = await gpuprov(
+        "join", "--url", plane.url, "--token-file", str(token_file), env=plane.env
+    )
+    assert code == 0, err
+    [worker] = workers(plane.records)
+    assert worker.label == "gpu-box-7"
+    [installed] = (tmp_path / "home").rglob("agent.pyz")
+    assert installed.read_bytes() == good

@@ -40,3 +40,19 @@ def test_importing_the_registry_loads_no_adapter_and_nothing_of_gpuprov() -> Non
         [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert result.stdout.split() == []
+
+
+def test_the_node_agent_imports_nothing_of_the_house_and_providers_only_it_of_gpuprov() -> None:
+    graph = import_graph()
+    node = {module for module in graph if module.startswith("gpuprov.node")}
+    assert node and all(
+        name in node or name == "gpuprov" for module in node for name in graph[module]
+    )
+    reached = {
+        (module, name)
+        for module, names in graph.items()
+        if module.split(".")[0] == "providers"
+        for name in names
+        if name.split(".")[0] == "gpuprov" and name not in node and name != "gpuprov"
+    }
+    assert reached == set()

@@ -77,4 +77,4 @@ def test_bootstrap_installs_the_agent_where_the_ssh_providers_cleanup_looks():
     assert bootstrap.install_command("vm-1").endswith(f" {remote_dir('vm-1')}/{AGENT_FILE}")
     cleanup = remote.cleanup_command("vm-1")
     assert f"rm -rf -- {remote_dir('vm-1')} " in cleanup
-    assert "'[.]gpuprov/vm-1/agent[.]py'" in cleanup
+    assert "'[.]gpuprov/vm-1/agent[.]pyz'" in cleanup

@@ -4,7 +4,6 @@ writes, the unit that starts the agent) is in tests/providers/test_node_agent.py
 
 from __future__ import annotations
 
-import base64
 import email
 import gzip
 import json
@@ -13,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from providers import node_agent
+from providers import agent_artifact, node_agent
 from providers.base import InstanceSpec, NodeBootstrap
 from providers.errors import BlockScope, ErrorKind, ProviderError
 from providers.userdata import JOIN_ENV_PATH, compressed_user_data, part_subtype, user_data
@@ -71,19 +70,18 @@ def test_the_bootstrap_writes_a_root_only_join_env_the_agent_reads():
     assert JOIN_ENV_PATH == "/etc/gpuprov/join.env"
 
 
-def test_the_bootstrap_installs_the_agent_pinned_and_starts_its_unit():
+def test_the_bootstrap_carries_the_pinned_fetch_not_the_agent_and_starts_its_unit():
     (part,) = parts(build(spec(bootstrap=BOOT)))
     config = json.loads(text_of(part).removeprefix("#cloud-config\n"))
     files = bootstrap_files(text_of(part))
-    agent = files[node_agent.AGENT_PATH]
-    assert (agent["encoding"], agent["permissions"], agent["owner"]) == (
-        "gz+b64",
-        "0644",
-        "root:root",
-    )
-    assert gzip.decompress(base64.b64decode(agent["content"])) == node_agent.agent_source()
+    assert node_agent.AGENT_PATH not in files  # fetched from the API by the unit
+    fetch = files[node_agent.FETCH_PATH]
+    assert (fetch["permissions"], fetch["owner"]) == ("0644", "root:root")
+    assert fetch["content"].encode() == agent_artifact.fetch_source()
     unit = files[node_agent.UNIT_PATH]["content"]
-    assert node_agent.agent_sha256() in unit and "run --url" in unit
+    assert agent_artifact.sha256() in unit and "run --url" in unit
+    fetch_url = node_agent.unit_command(unit, "ExecStartPre")[4]
+    assert fetch_url == f"{BOOT.api_url}/v1/node/agent.pyz"
     assert node_agent.CA_PATH not in files and "--ca-file" not in unit  # no private CA here
     assert config["runcmd"] == [
         ["systemctl", "daemon-reload"],
@@ -116,19 +114,22 @@ def test_an_api_url_that_could_break_the_unit_is_refused(url):
     assert "tok-s3cret" not in str(caught.value)
 
 
-def test_over_its_limit_a_byte_cloud_gets_the_same_document_gzip_compressed():
+def test_a_byte_cloud_gets_the_bootstrap_gzip_compressed_and_a_spec_alone_as_it_is():
     node = spec(user_data="#!/bin/sh\necho hi\n", bootstrap=BOOT)
     plain = build(node)
-    small = compressed_user_data(node, max_bytes=len(plain.encode()), cloud="EC2")
-    assert small == plain.encode()  # within the limit: as it is
-    limit = len(plain.encode()) - 1  # one byte over: compressed
-    squeezed = compressed_user_data(node, max_bytes=limit, cloud="EC2")
+    squeezed = compressed_user_data(node, max_bytes=len(plain.encode()), cloud="EC2")
     assert squeezed[:2] == b"\x1f\x8b" and gzip.decompress(squeezed) == plain.encode()
-    assert squeezed == compressed_user_data(node.model_copy(), max_bytes=limit, cloud="EC2")
+    assert len(squeezed) < len(plain.encode()) // 2
+    assert squeezed == compressed_user_data(node.model_copy(), max_bytes=10**6, cloud="EC2")
     with pytest.raises(ProviderError) as caught:
         compressed_user_data(node, max_bytes=len(squeezed) - 1, cloud="EC2")
     assert f"is {len(squeezed)} bytes; EC2 accepts at most" in caught.value.message
     assert compressed_user_data(spec(), max_bytes=10, cloud="EC2") is None
+    own = spec(user_data="#!/bin/sh\necho hi\n")  # no bootstrap, within the limit: as it is
+    assert compressed_user_data(own, max_bytes=100, cloud="EC2") == b"#!/bin/sh\necho hi\n"
+    over = compressed_user_data(own.model_copy(update={"user_data": "#!/bin/sh\n" + "x" * 200}),
+                                max_bytes=100, cloud="EC2")  # fmt: skip
+    assert over is not None and over[:2] == b"\x1f\x8b"
 
 
 def test_with_both_the_specs_own_part_comes_first_then_the_bootstrap_appending():

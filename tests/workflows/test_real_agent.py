@@ -1,6 +1,7 @@
 """Jobs whose machines run the real node agent (`[providers.fake] agent = "real"`): each booted
-fake instance is gpuprov/agent.py `run` in its own process group, given exactly the join.env
-the cloud-init user data writes, with a stub nvidia-smi replaying captured outputs. Real API,
+fake instance runs its cloud-init unit: agent.pyz fetched from the API and checked against the
+pin in the unit, then `run` in its own process group, given exactly the join.env the user data
+writes, with a stub nvidia-smi replaying captured outputs. Real API,
 real database, real dev server; small heartbeat intervals."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from activities.liveness import SweepReport
+from gpuprov import api_node
 from gpuprov.api.app import create_app, serving
 from gpuprov.cli.dev import free_port
 from gpuprov.config import FakeProviderConfig, FaultRule, WorkersSettings
@@ -26,10 +28,11 @@ from gpuprov.contract import WatchInput
 from gpuprov.engine.worker import open_records
 from gpuprov.models import AttemptOutcome, JobState
 from gpuprov.store.records import Records
+from providers import agent_artifact
 from providers.errors import ErrorKind, ProviderError
 from providers.fake import FakeCloud
 from providers.fake.config import FakeInstanceType
-from providers.fake.node import check_captured
+from providers.fake.node import AGENT_PATH, check_captured
 from tests.helpers import OFFER_A, OFFER_B, assert_nothing_left, fake_worker, fast_cloud, job, until
 from workflows.liveness import WatchWorkers
 
@@ -198,7 +201,7 @@ async def test_the_join_token_never_shows_in_ps_environ_logs_or_history(
         ps = await asyncio.to_thread(
             subprocess.check_output, ["ps", "-eww", "-o", "args"], text=True
         )
-        assert "agent.py run" in ps  # the agent is there to be seen
+        assert "agent.pyz run" in ps  # the agent is there to be seen
         proc = every_environ()
         log = machine.log.read_text()
         assert "registered as worker" in log
@@ -208,6 +211,29 @@ async def test_the_join_token_never_shows_in_ps_environ_logs_or_history(
             assert secret not in log and secret not in history
         env_file = machine.root / "etc/gpuprov/join.env"
         assert os.stat(env_file).st_mode & 0o777 == 0o600  # where cloud-init put it, only
+        await release(handle)
+
+
+async def test_a_node_refuses_a_tampered_agent_until_the_api_serves_the_pinned_one(
+    client, task_queue, job_name, sqlite_records, monkeypatch
+):
+    good = agent_artifact.artifact()
+    served = {"bytes": good.replace(b"AGENT_VERSION = ", b"AGENT_VERSION = 'x' or ")}
+    monkeypatch.setattr(api_node, "agent_pyz", lambda: served["bytes"])
+    async with real_agents(client, task_queue, sqlite_records) as (gpuprov, cloud):
+        handle = await gpuprov.submit(job(job_name))
+        machine = await polled(lambda: next(iter(cloud.nodes.values()), None), "the machine")
+        await polled(lambda: machine.log.exists() and "refused" in machine.log.read_text(), "no")
+        [row] = cloud.live_instances()
+        assert sqlite_records.workers(job=job_name) == []  # the tampered archive never ran
+        assert not (machine.root / AGENT_PATH).exists()
+        assert f"pinned {agent_artifact.sha256()}" in machine.log.read_text()
+
+        served["bytes"] = good  # the unit's next try takes the pinned one, with the same token
+        ready = await until(handle, lambda s: s.state is JobState.READY, timeout=90)
+        assert ready.state is JobState.READY, ready.error
+        assert (machine.root / AGENT_PATH).read_bytes() == good
+        assert worker_of(sqlite_records, job_name).vm == row.vm
         await release(handle)
 
 

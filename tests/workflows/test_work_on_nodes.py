@@ -1,5 +1,5 @@
 """Jobs whose work runs on their nodes, for real: the fake cloud boots the real node agent
-(`agent = "real"`: gpuprov/agent.py `run` per instance, its work under `supervise` in a process
+(`agent = "real"`: agent.pyz `run` per instance, its work under `supervise` in a process
 group of its own), through the real API (which wakes the job itself) and the real dev server.
 The work is shell on this machine; what it leaves behind (timestamps, process ids) is the
 witness. The simulated agent's execution of the same work is checked at the end."""

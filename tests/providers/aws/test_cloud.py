@@ -175,9 +175,9 @@ async def test_create_launches_one_tagged_instance_with_the_bootstrap_as_user_da
     assert "InstanceMarketOptions.MarketType" not in sent
     tag_specs = {sent[f"TagSpecification.{n}.ResourceType"] for n in (1, 2)}
     assert tag_specs == {"instance", "volume"}
-    # The node agent rides in the user data, within EC2's 16 KB (gzip-compressed when a spec's
-    # own part pushes it over, which cloud-init undoes before reading it:
-    # tests/providers/test_node_agent.py runs the largest case).
+    # The node agent's fetch-and-verify step and unit ride in the user data, gzip-compressed
+    # (cloud-init undoes it before reading it), far within EC2's 16 KB:
+    # tests/providers/test_node_agent.py runs the largest case.
     user_data = base64.b64decode(sent["UserData"])
     assert len(user_data) <= 16 * 1024
     read = cloudinit.processed(user_data)
@@ -185,7 +185,7 @@ async def test_create_launches_one_tagged_instance_with_the_bootstrap_as_user_da
     files = {entry["path"]: entry for entry in read.config["write_files"]}
     assert "GPUPROV_JOIN_TOKEN=tok-s3cret" in files["/etc/gpuprov/join.env"]["content"]
     assert files["/etc/gpuprov/join.env"]["permissions"] == "0600"
-    assert node_agent.AGENT_PATH in files and node_agent.UNIT_PATH in files
+    assert node_agent.FETCH_PATH in files and node_agent.UNIT_PATH in files
     assert cloudinit.schema_errors(read.config) == ""
     stored = ec2(front.upstream).describe_instance_attribute(
         InstanceId=ids[0], Attribute="userData"

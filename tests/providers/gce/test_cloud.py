@@ -10,7 +10,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
-from providers import node_agent
+from providers import agent_artifact, node_agent
 from providers.base import InstanceSpec, InstanceStatus, Location, NodeBootstrap, Offer
 from providers.errors import BlockScope, ErrorKind, ProviderError
 from providers.gce.auth import StaticToken
@@ -228,8 +228,8 @@ async def test_create_delivers_keys_user_data_and_bootstrap_in_the_metadata(api,
     # What cloud-init makes of it: the agent, pinned, and the unit that starts it.
     read = cloudinit.processed(document)
     files = {entry["path"]: entry for entry in read.config["write_files"]}
-    assert {node_agent.AGENT_PATH, node_agent.UNIT_PATH, node_agent.JOIN_ENV_PATH} <= set(files)
-    assert node_agent.agent_sha256() in files[node_agent.UNIT_PATH]["content"]
+    assert {node_agent.FETCH_PATH, node_agent.UNIT_PATH, node_agent.JOIN_ENV_PATH} <= set(files)
+    assert agent_artifact.sha256() in files[node_agent.UNIT_PATH]["content"]
     assert cloudinit.schema_errors(read.config) == ""
 
 

@@ -4,6 +4,7 @@ delete (one id per call) and diagnose."""
 from __future__ import annotations
 
 import asyncio
+import importlib
 import json
 import logging
 
@@ -12,7 +13,7 @@ import pytest
 
 from activities.cloud import CloudActivities, VmInput
 from gpuprov.policy import Failure, Stage, decide
-from providers import node_agent
+from providers import agent_artifact, node_agent
 from providers.base import (
     InstanceSpec,
     InstanceStatus,
@@ -23,13 +24,14 @@ from providers.base import (
     Verdict,
 )
 from providers.errors import ErrorKind, ProviderError
-from providers.lambdalabs.client import LambdaClient
 from tests import cloudinit
 from tests.providers.scrubbing import activity_failure
 from tests.providers.wire import assert_never_sent, carries
 
 from . import fixtures as fx
 from .fake_lambda import FakeLambda
+
+LambdaClient = importlib.import_module("providers.lambdalabs.client").LambdaClient
 
 VM = "train-a1-n0-abc123"
 EAST = Location(provider="lambda", region="us-east-3")
@@ -80,8 +82,8 @@ async def test_create_hands_user_data_and_bootstrap_to_the_machine_and_nowhere_e
     assert read.part_types() == ["text/x-shellscript", "text/cloud-config"]
     files = {entry["path"]: entry for entry in read.config["write_files"]}
     assert f"GPUPROV_JOIN_TOKEN={TOKEN}" in files[node_agent.JOIN_ENV_PATH]["content"]
-    assert node_agent.agent_sha256() in files[node_agent.UNIT_PATH]["content"]
-    assert node_agent.AGENT_PATH in files and cloudinit.schema_errors(read.config) == ""
+    assert agent_artifact.sha256() in files[node_agent.UNIT_PATH]["content"]
+    assert node_agent.FETCH_PATH in files and cloudinit.schema_errors(read.config) == ""
     assert TOKEN not in caplog.text and TOKEN not in json.dumps(ids)
     # On the wire: only the launch body carries it; not its URL or headers, no other request.
     sent = [request for request, _ in account.calls()]

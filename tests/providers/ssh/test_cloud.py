@@ -216,10 +216,10 @@ async def test_cleanup_removes_what_the_agent_installed_for_that_vm_only(
     neighbour = sshd.home / remote.REMOTE_ROOT / "vm-later"
     for directory in (installed, neighbour):
         directory.mkdir(parents=True)
-        (directory / "agent.py").write_text("# agent\n")
+        (directory / "agent.pyz").write_text("# agent\n")
     await machines.delete(OWNED, "vm-a", ["box"])
     await machines.cleanup(OWNED, "vm-a")
-    assert not installed.exists() and (neighbour / "agent.py").exists()
+    assert not installed.exists() and (neighbour / "agent.pyz").exists()
     await machines.cleanup(OWNED, "vm-a")  # idempotent
 
 
@@ -254,7 +254,7 @@ async def test_cleanup_skips_a_host_never_reached_and_fails_on_one_gone_dark(
 def test_cleanup_command_names_only_the_vms_directory() -> None:
     command = remote.cleanup_command("job-a1-n0.x")
     assert 'rm -rf -- "$HOME"/.gpuprov/job-a1-n0.x ' in command
-    assert "'[.]gpuprov/job-a1-n0[.]x/agent[.]py'" in command
+    assert "'[.]gpuprov/job-a1-n0[.]x/agent[.]pyz'" in command
 
 
 def test_bootstrap_installs_where_cleanup_removes() -> None:

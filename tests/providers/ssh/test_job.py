@@ -29,6 +29,7 @@ from providers.base import Verdict
 from providers.errors import ErrorKind
 from providers.ssh.cloud import SshMachines
 from providers.ssh.config import SshConfig, SshHost
+from providers.ssh_common import AGENT_FILE
 from tests.helpers import job, until
 from tests.providers.refusals import assert_refused, refused
 from tests.sshd import free_port, running_sshd
@@ -118,7 +119,7 @@ async def test_a_job_fails_over_to_the_reachable_machine_registers_and_releases_
                 assert node.ssh is not None and node.instance_ids == ["box"]
                 booted = await bootstrap_result(client, job_name)
                 [health] = await gpuprov.health(job_name)  # diagnosis + SSH probe of the node
-                installed = (sshd.home / REMOTE_ROOT / node.vm / "agent.py").exists()
+                installed = (sshd.home / REMOTE_ROOT / node.vm / AGENT_FILE).exists()
                 await handle.release()
                 final = await until(handle, lambda s: s.state.terminal, timeout=30)
                 claims_after = machines._claims.held()

@@ -1,8 +1,14 @@
 """What `gpuprov join` leaves behind on a machine you own: the node agent running `run`, so the
 worker heartbeats like every cloud machine's.
 
-- Where systemd runs and we are root: gpuprov/agent.py copied to /usr/local/lib/gpuprov/agent.py
-  (the service does not depend on where the gpuprov package lives), the unit
+The agent is agent.pyz, the bytes every node runs: `fetch_agent` gets it from the API (GET
+/v1/node/agent.pyz) into the state dir before the join token is spent, and keeps it only if
+its SHA-256 is the pin, this gpuprov's own build of it (providers/agent_artifact.py). A
+tampered or truncated archive, or an API of another gpuprov version, is refused and nothing
+is registered.
+
+- Where systemd runs and we are root: that agent.pyz copied to
+  /usr/local/lib/gpuprov/agent.pyz (checked against the pin again), the unit
   /etc/systemd/system/gpuprov-agent.service, then `systemctl daemon-reload` and `systemctl enable
   --now gpuprov-agent.service`. The unit restarts the agent after a failure, but not after exit 0
   (its credential was revoked: `gpuprov workers remove`) or exit 2 (a refusal that a restart
@@ -22,13 +28,17 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Literal
+
+from gpuprov.node import fetch
+from gpuprov.node.http_client import masked_url
+from providers import agent_artifact, node_agent
 
 UNIT_NAME = "gpuprov-agent.service"
 UNIT_DIR = Path("/etc/systemd/system")
 AGENT_DIR = Path("/usr/local/lib/gpuprov")
+AGENT_FILE = "agent.pyz"
 SYSTEMD_RUNNING = Path("/run/systemd/system")  # sd_booted(3): systemd is the init system
 ServiceMode = Literal["auto", "systemd", "none"]
 
@@ -54,6 +64,23 @@ class LeftRunning:
             "with this command, e.g. under tmux or your supervisor:",
             "    " + shlex.join(self.command),
         ]
+
+
+def fetch_agent(api_url: str, ca_file: str | None, directory: str) -> Path:
+    """agent.pyz from the API into `directory`, pinned to this gpuprov's build (a file there
+    that already matches is kept); ServiceError when the API's does not match or cannot be
+    had."""
+    if "@" in api_url.partition("//")[2].partition("/")[0]:  # as the agent refuses it
+        raise ServiceError(
+            f"bad API URL {masked_url(api_url)!r}: credentials (user:password@) do not belong "
+            "in it; the API takes none there"
+        )
+    agent = Path(directory) / AGENT_FILE
+    url = node_agent.agent_url(api_url)
+    problem = fetch.fetch(url, agent_artifact.sha256(), str(agent), ca_file)
+    if problem is not None:
+        raise ServiceError(problem.replace(url, masked_url(url)))
+    return agent
 
 
 def python() -> str:
@@ -96,15 +123,19 @@ def systemd_available() -> bool:
 def install_systemd(
     state_dir: str,
     ca_file: str | None,
+    fetched: Path,
     *,
     unit_dir: Path = UNIT_DIR,
     agent_dir: Path = AGENT_DIR,
     systemctl: str = "systemctl",
 ) -> LeftRunning:
-    """Copy the agent, write the unit, enable and start it."""
+    """Copy the fetched agent (checked against the pin once more), write the unit, enable and
+    start it."""
     agent_dir.mkdir(parents=True, exist_ok=True)
-    agent = agent_dir / "agent.py"
-    agent.write_bytes(resources.files("gpuprov").joinpath("agent.py").read_bytes())
+    agent = agent_dir / AGENT_FILE
+    if fetch.sha256_of(str(fetched)) != agent_artifact.sha256():
+        raise ServiceError(f"{fetched} no longer matches its pinned SHA-256: run join again")
+    agent.write_bytes(fetched.read_bytes())
     agent.chmod(0o644)
     command = agent_command(agent, os.path.abspath(state_dir), ca_file)
     unit_dir.mkdir(parents=True, exist_ok=True)
@@ -124,11 +155,13 @@ def install_systemd(
     return LeftRunning("systemd", command, unit)
 
 
-def leave_running(state_dir: str, ca_file: str | None, mode: ServiceMode = "auto") -> LeftRunning:
-    """The agent as a service where `mode` and the machine allow, else its foreground command."""
+def leave_running(
+    state_dir: str, ca_file: str | None, fetched: Path, mode: ServiceMode = "auto"
+) -> LeftRunning:
+    """The fetched agent as a service where `mode` and the machine allow, else its foreground
+    command (the agent where `fetch_agent` left it)."""
     if mode == "systemd" or (mode == "auto" and systemd_available()):
         if not systemd_available():
             raise ServiceError("--service systemd needs root on a machine that runs systemd")
-        return install_systemd(state_dir, ca_file)
-    packaged = Path(str(resources.files("gpuprov").joinpath("agent.py")))
-    return LeftRunning("foreground", agent_command(packaged, os.path.abspath(state_dir), ca_file))
+        return install_systemd(state_dir, ca_file, fetched)
+    return LeftRunning("foreground", agent_command(fetched, os.path.abspath(state_dir), ca_file))

@@ -1,0 +1,165 @@
+"""`WorkRunner`, the thread beside the heartbeats that runs the node's part of a job: reads the
+assignment, reports the start before starting it, ships the output, reports the end once all of
+it is through and the work's processes are gone, and follows a work again after a restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import threading
+import time
+
+from .errors import AgentError
+from .http_client import MAX_PAUSE, backoff, until_through
+from .work import TAIL_CHARS, Work
+from .workdir import ASSIGNMENT_FILE, WORK_SUBDIR, read_json, write_json
+
+log = logging.getLogger(__name__)
+
+WORK_POLL = 5.0  # seconds between reads of the assignment while reserved, busy or running
+SHIP_EVERY = 1.0  # seconds between sends of new output
+WORK_HTTP_TIMEOUT = 15.0
+
+
+class WorkRunner:
+    """The node's work, on a thread beside the heartbeats: pulls the assignment, starts it
+    through `supervise` (never one work twice), sends its output, stops it when asked and
+    reports its end. A report the control plane does not take is retried until it does."""
+
+    def __init__(self, call: object, state_dir: str) -> None:
+        self.call = call  # (path, body or None, what) -> the answer; AgentError on failure
+        self.root = os.path.join(state_dir, WORK_SUBDIR)
+        self.work: Work | None = None
+        self.watching = False  # the worker is reserved or busy: work may come
+        self.poll_every, self.next_poll = WORK_POLL, 0.0
+        self.wake, self.revoked = threading.Event(), threading.Event()
+
+    def heard(self, answer: dict, interval: float) -> None:
+        """A heartbeat's answer (the heartbeat thread): a stop request reaches the work now."""
+        self.watching = answer.get("state") in ("reserved", "busy")
+        self.poll_every = min(WORK_POLL, interval)
+        work, work_id = self.work, answer.get("work_id")
+        if work is not None and work_id == work.id and answer.get("stop_requested"):
+            work.stop()
+        elif work is None and work_id:
+            self.next_poll = 0.0
+            self.wake.set()
+
+    def loop(self) -> None:
+        failures = 0
+        while not self.revoked.is_set():
+            try:
+                self._step()
+                failures = 0
+            except AgentError as error:
+                if error.status == 401:
+                    return self.shut_down()
+                failures += 1
+                if failures % 10 == 1:
+                    log.warning("%s; retrying", error)
+                time.sleep(backoff(failures, MAX_PAUSE))
+            self.wake.wait(SHIP_EVERY)
+            self.wake.clear()
+
+    def shut_down(self) -> None:
+        """The credential was refused: whatever still runs is stopped (nobody hears of it)."""
+        self.revoked.set()
+        work = self.work
+        if work is not None:
+            work.stop()
+            deadline = time.monotonic() + work.grace + 5
+            while work.running() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            work.end()
+
+    def _step(self) -> None:
+        work = self.work = self.work or self._unfinished()
+        if work is None:
+            assignment = self._poll() if self.watching or not self.next_poll else None
+            if not assignment:
+                return
+            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            os.mkdir(os.path.join(self.root, assignment["id"]), 0o700)
+            work = self.work = Work(os.path.join(self.root, assignment["id"]), assignment)
+            write_json(work.file(ASSIGNMENT_FILE), assignment)  # known before any start
+        if not work.spawned:
+            self._start(work)
+        elif not work.running():
+            self._finish(work)
+        else:
+            self._ship(work, final=False)
+            assignment = self._poll()
+            if assignment is not None and (
+                assignment.get("id") != work.id or assignment["state"] == "stop_requested"
+            ):
+                work.stop()  # asked to, or its epoch was given up
+
+    def _poll(self) -> dict | None:
+        """The current assignment ({}: none) when a read is due; None when not due."""
+        if time.monotonic() < self.next_poll:
+            return None
+        self.next_poll = time.monotonic() + self.poll_every
+        return self.call("/v1/work", None, "reading the work")
+
+    def _unfinished(self) -> Work | None:
+        """Work known from before a restart of this agent, whose end it has not reported."""
+        with contextlib.suppress(OSError):
+            for name in sorted(os.listdir(self.root)):
+                assignment = read_json(os.path.join(self.root, name, ASSIGNMENT_FILE))
+                if assignment:
+                    log.info("work %s: known from before a restart; following it", name)
+                    return Work(os.path.join(self.root, name), assignment)
+        return None
+
+    def _start(self, work: Work) -> None:
+        """Report the start, then start it. A refusal (stopped or given up before it started)
+        means it never starts."""
+        try:
+            self._through(f"/v1/work/{work.id}/started", {}, "reporting the start")
+        except AgentError as refused:
+            return self._done(work, refused)
+        log.info("work %s: job %s rank %s: starting", work.id, work.assignment.get("job"),
+                 work.assignment.get("rank"))  # fmt: skip
+        work.spawn()
+
+    def _ship(self, work: Work, final: bool) -> None:
+        """Send what the work printed; `final`: all of it, however long it takes."""
+        chunk = work.next_chunk(final)
+        while chunk is not None:
+            path = f"/v1/work/{work.id}/logs"
+            try:
+                (self._through if final else self.call)(path, chunk, "sending output")
+            except AgentError as error:
+                if error.transient or error.status == 401:
+                    raise
+                log.warning("work %s: %s", work.id, error)  # refused for good: skipped
+            work.sent(chunk["data"])
+            chunk = work.next_chunk(final)
+
+    def _finish(self, work: Work) -> None:
+        work.end()  # what the work left behind ends with it, before anyone hears of the end
+        self._ship(work, final=True)
+        code, note = work.outcome()
+        log.info("work %s: ended with %s", work.id, code)
+        body = {"code": code, "tail": (work.tail + (f"\n{note}\n" if note else ""))[-TAIL_CHARS:]}
+        try:
+            self._through(f"/v1/work/{work.id}/exit", body, "reporting the end")
+        except AgentError as refused:
+            return self._done(work, refused)
+        self._done(work)
+
+    def _done(self, work: Work, refused: AgentError | None = None) -> None:
+        """Its end is reported (or its start refused): the row is over and never handed out
+        again, so its directory can go."""
+        if refused is not None:
+            if refused.status == 401:
+                raise refused
+            log.warning("work %s: %s", work.id, refused)
+        shutil.rmtree(work.directory, ignore_errors=True)
+        self.work = None
+
+    def _through(self, path: str, body: dict, what: str) -> dict:
+        return until_through(lambda: self.call(path, body, what), what)
