@@ -180,8 +180,9 @@ async def test_a_background_sleep_does_not_keep_the_work_running(records, tmp_pa
     async with node(records, tmp_path) as (daemon, worker_id, _):
         assign(records, worker_id, script)
         started = time.monotonic()
-        row = await until(lambda: ended(records), "the work's end", timeout=20)
-        assert time.monotonic() - started < 20
+        # well before the background sleep's 120 s, with room for a loaded machine
+        row = await until(lambda: ended(records), "the work's end", timeout=90)
+        assert time.monotonic() - started < 90
         assert (row.state, row.exit_code) == (WorkState.EXITED, 0)
         assert not alive(int((pid_files / "sleep").read_text()))
 

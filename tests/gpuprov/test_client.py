@@ -32,7 +32,7 @@ async def sdk(client, task_queue) -> GpuprovClient:
 
 
 async def listed(
-    sdk: GpuprovClient, name: str, timeout: float = 10, **filters
+    sdk: GpuprovClient, name: str, timeout: float = 60, **filters
 ) -> JobSummary | None:
     """The job's row in `list(**filters)`, polled briefly: visibility lags the job a moment."""
     deadline = time.monotonic() + timeout

@@ -232,7 +232,7 @@ async def test_the_fake_cloud_lists_side_resources_by_vm_per_region() -> None:
         await cloud.aclose()
 
 
-async def until_true(check: Callable[[], bool], timeout: float = 20.0) -> None:
+async def until_true(check: Callable[[], bool], timeout: float = 60.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not check():
         assert asyncio.get_running_loop().time() < deadline, "condition never held"
