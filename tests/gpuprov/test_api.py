@@ -17,6 +17,7 @@ import pytest
 import sqlalchemy as sa
 from fastapi import FastAPI
 
+import tests.rows
 from gpuprov.api import MAX_BODY_BYTES, create_app
 from gpuprov.credentials import sha256
 from gpuprov.db import JoinToken, WorkerCredential, utcnow
@@ -56,14 +57,9 @@ CAPABILITIES: dict[str, Any] = {
 
 def snapshot(records: Records) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table (reflected, so nothing is missed), in a stable order."""
-    reflected = sa.MetaData()
-    reflected.reflect(records.db.engine)
-    assert set(reflected.tables) >= TABLES, sorted(reflected.tables)
-    with records.db.session() as session:
-        return {
-            table.name: sorted((tuple(row) for row in session.execute(sa.select(table))), key=repr)
-            for table in reflected.sorted_tables
-        }
+    rows = tests.rows.snapshot(records)
+    assert set(rows) >= TABLES, sorted(rows)
+    return rows
 
 
 def record_vm(records: Records, vm: str = VM, job: str = JOB) -> None:
