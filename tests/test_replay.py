@@ -17,6 +17,8 @@ from temporalio.common import RawValue
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 with workflow.unsafe.imports_passed_through():
     from gpuprov.engine import WORKFLOWS
     from gpuprov.models import JobStatus

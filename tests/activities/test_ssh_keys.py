@@ -30,6 +30,8 @@ from gpuprov.records import Records
 from gpuprov.ssh_records import SshRecords
 from tests.gpuprov.test_records import snapshot
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 VM = "job-a1-n0-abc123"
 
 

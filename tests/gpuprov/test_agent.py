@@ -32,6 +32,8 @@ from gpuprov.records import Records
 from providers.base import ResourceRequest, compatibility_reasons
 from tests.gpuprov.test_api import vm_token, worker_rows
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 REPO = Path(__file__).resolve().parents[2]
 AGENT_FILE = REPO / "gpuprov" / "agent.py"
 FIXTURES = REPO / "tests" / "fixtures" / "nvidia-smi"

@@ -34,6 +34,8 @@ from tests.gpuprov.test_agent_run import (
 )
 from tests.gpuprov.test_api import CAPABILITIES, REGISTER, VM, body, vm_token
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 
 @contextlib.asynccontextmanager
 async def neighbour(url: str) -> AsyncIterator[list[int]]:

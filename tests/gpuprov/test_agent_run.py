@@ -34,6 +34,8 @@ from providers.userdata import JOIN_ENV_PATH, user_data
 from tests.gpuprov.test_agent import AGENT_FILE, FIXTURES, _python38
 from tests.gpuprov.test_api import snapshot, vm_token
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 X8 = [
     line.split(", ")[3]
     for line in (FIXTURES / "query-h100-80gb-hbm3-x8.txt").read_text().splitlines()

@@ -15,6 +15,8 @@ import pytest
 from gpuprov import service
 from tests.gpuprov.test_join import ControlPlane, control_plane, join_with_new_token, workers
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 __all__ = ["control_plane"]  # the fixture, used by name
 
 

@@ -26,6 +26,8 @@ from tests.gpuprov.test_agent_run import until
 from tests.gpuprov.test_agent_work import JOB, assign, ended, node, work_dir
 from tests.helpers import kill_recorded_pids
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 SQLITE = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 
 NEXT_JOB = "job2"

@@ -24,6 +24,8 @@ from gpuprov.db import JoinToken, WorkerCredential, utcnow
 from gpuprov.models import WorkerCapabilities
 from gpuprov.records import Records
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 REGISTER = "/v1/workers/register"
 TABLES = {"vms", "join_tokens", "cost_records", "blocks", "workers", "orphans"}
 JOB = "job1"

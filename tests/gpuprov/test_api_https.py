@@ -28,7 +28,10 @@ from tests.gpuprov.test_agent import AGENT_FILE, H100X8, agent_env, install_nvid
 from tests.gpuprov.test_api import LABEL, TTL, snapshot
 from tests.tls import Pki
 
-pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # not about it
+pytestmark = [
+    pytest.mark.slow,  # measured: docs/testing.md, "The fast lane"
+    pytest.mark.parametrize("database_url", ["sqlite"], indirect=True),  # not about it
+]
 
 
 @dataclass

@@ -23,6 +23,8 @@ from gpuprov.models import AttemptOutcome, JobState, JobStatus
 from providers.errors import ErrorKind
 from tests.helpers import OFFER_A, assert_nothing_left, fake_worker, fast_cloud, job
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 
 @pytest.fixture
 async def sdk(client, task_queue) -> GpuprovClient:

@@ -36,6 +36,8 @@ from gpuprov.models import JobSpec
 from gpuprov.records import Records
 from tests.rows import snapshot
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 GPUPROV = str(Path(sys.executable).parent / "gpuprov")
 WORKER = str(Path(__file__).resolve().parents[2] / "worker.py")
 LONG = "g" * 3000

@@ -31,6 +31,8 @@ from gpuprov.records import Records
 from tests.gpuprov.test_agent import H100X8, TOKEN, install_nvidia_smi
 from tests.gpuprov.test_records import snapshot
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 GPUPROV = str(Path(sys.executable).parent / "gpuprov")
 
 

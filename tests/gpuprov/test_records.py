@@ -19,6 +19,8 @@ from gpuprov.db import Database, JoinToken, WorkerRecord, utcnow
 from gpuprov.records import Records, TokenRejected
 from tests.rows import snapshot
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
 

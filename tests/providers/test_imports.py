@@ -11,6 +11,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("gpuprov", "providers", "activities", "workflows")
 

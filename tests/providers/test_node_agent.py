@@ -35,6 +35,8 @@ from tests.gpuprov.test_agent import AGENT_FILE
 from tests.nodes import CloudInitNode, gpu_path, serving_api, unit_value
 from tests.tls import Pki
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 LAMBDA_LIMIT = importlib.import_module("providers.lambda.cloud").MAX_USER_DATA
 VM = "train-7b-a1-n0-ce4389"
 TOKEN = "tok-Zq8vJ3nX0aB4cD5eF6gH7iJ8kL9mN0pQ"

@@ -4,11 +4,14 @@ tests/providers/ssh/test_job.py."""
 
 from __future__ import annotations
 
+import pytest
 from temporalio.client import Client
 
 from gpuprov.models import JobState
 from providers.base import Location, Verdict
 from tests.helpers import eventually, fake_worker, fast_cloud, job, until
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 
 async def test_health_of_a_ready_job_then_of_its_machine_once_gone(

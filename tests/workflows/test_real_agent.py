@@ -32,6 +32,8 @@ from providers.fake.node import check_captured
 from tests.helpers import OFFER_A, OFFER_B, assert_nothing_left, fake_worker, fast_cloud, job, until
 from workflows.liveness import WatchInput, WatchWorkers
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 FAST = WorkersSettings(heartbeat_interval_seconds=0.3, lost_after_seconds=2)
 
 

@@ -35,6 +35,8 @@ from tests.helpers import (
 )
 from tests.workflows.test_reconcile import plant, reconcile
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Records:

@@ -21,6 +21,8 @@ from tests.providers.aws.stack import (
     gpuprov_security_groups,
 )
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 H100X8 = ResourceRequest(gpu="H100", gpus_per_node=8)
 # Parameters moto serves as AWS publishes them (Amazon Linux, /aws/service/...).
 AL2_X86 = "/aws/service/ami-amazon-linux-latest/amzn2-ami-hvm-x86_64-gp2"

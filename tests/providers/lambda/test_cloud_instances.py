@@ -31,6 +31,8 @@ from workflows.policy import Failure, Stage, decide
 from . import fixtures as fx
 from .fake_lambda import FakeLambda
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 LambdaClient = importlib.import_module("providers.lambda.client").LambdaClient
 
 VM = "train-a1-n0-abc123"
