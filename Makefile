@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo demo-ssh dev test bench chaos lint format histories lock clean
+.PHONY: demo demo-ssh dev test check bench chaos lint format histories lock clean
 
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,13 @@ $(CLOUD_INIT):
 # as much as it computes. Each process has its own Temporal dev server and PostgreSQL.
 test: $(STAMP) $(SSHD) $(NGINX) $(CLOUD_INIT)
 	$(BIN)/pytest -q -n 2
+
+# The fast lane, for the edit-test loop: lint, then every test not marked `slow` (the modules
+# with a test of 2 s or more, or 10 s in all, measured: docs/testing.md). Under two minutes on
+# two cores; `make test` stays the whole suite, and what CI runs.
+check: $(STAMP) $(SSHD) $(NGINX) $(CLOUD_INIT)
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+	$(BIN)/pytest -q -n 2 -m "not slow"
 
 # A job bootstrapped over real SSH on this machine: a throwaway OpenSSH sshd on loopback
 # (gpuprov/cli/local_sshd.py), the node agent started through it. Needs root, like the SSH tests.

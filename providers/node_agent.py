@@ -42,7 +42,7 @@ from providers import agent_artifact
 AGENT_DIR = "/usr/local/lib/gpuprov"
 AGENT_PATH = f"{AGENT_DIR}/agent.pyz"
 FETCH_PATH = f"{AGENT_DIR}/fetch.py"
-AGENT_ROUTE = "/v1/node/agent.pyz"  # gpuprov/api_node.py serves it
+AGENT_ROUTE = "/v1/node/agent.pyz"  # gpuprov/api/node.py serves it
 JOIN_ENV_PATH = "/etc/gpuprov/join.env"
 CA_PATH = "/etc/gpuprov/api-ca.pem"
 STATE_DIR = "/var/lib/gpuprov"

@@ -116,7 +116,7 @@ async def ready_then_release(
 
 
 async def eventually(
-    check: Callable[[], Any], what: str, timeout: float = 15, interval: float = 0.02
+    check: Callable[[], Any], what: str, timeout: float = 60, interval: float = 0.02
 ) -> Any:
     """Poll `check` (plain or async) until it returns something truthy, and return that; after
     `timeout` seconds, fail naming `what` was waited for. A test waits for the state it needs

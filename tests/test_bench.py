@@ -5,12 +5,15 @@ failover sample per stockout, the happy path's history size) and that the tables
 
 from __future__ import annotations
 
+import pytest
 from temporalio.client import Client
 
 from bench.__main__ import Sizes, run_all
 from bench.report import render
 from bench.stats import BenchResults
 from bench.targets import MAX_HAPPY_EVENTS
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 SMALLEST = Sizes(
     overhead=(1, 5),

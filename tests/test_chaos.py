@@ -28,6 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any, cast
 
+import pytest
+
 from chaos.__main__ import parse
 from chaos.faults import Timings
 from chaos.mix import Role, Work
@@ -36,6 +38,8 @@ from chaos.plan import JobRun, make_plan
 from chaos.runs import judge_runs
 from gpuprov.models import JobState, JobStatus
 from providers.fake import FakeCloudState
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = [

@@ -10,9 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from chaos.__main__ import parse
 from chaos.faults import Timings
 from chaos.plan import make_plan
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--jobs", "4", "--seed", "12", "--kills", "2", "--server-restarts", "1"]

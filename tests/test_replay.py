@@ -17,6 +17,8 @@ from temporalio.common import RawValue
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 with workflow.unsafe.imports_passed_through():
     from gpuprov.engine.worker import WORKFLOWS
     from gpuprov.models import JobStatus
@@ -34,6 +36,12 @@ def _scenario_of(path: Path) -> str:
     return path.name.split(".")[0]
 
 
+def replayer_of(workflows: list[type]) -> Replayer:
+    # debug_mode turns off the SDK's 2-second deadlock detector: a replay proves determinism,
+    # and a loaded machine can take longer than 2 s over a large job's activation.
+    return Replayer(workflows=workflows, data_converter=pydantic_data_converter, debug_mode=True)
+
+
 def _history(path: Path) -> WorkflowHistory:
     scenario = SCENARIOS[_scenario_of(path)]
     return WorkflowHistory.from_json(scenario.workflow_id, path.read_text())
@@ -42,7 +50,7 @@ def _history(path: Path) -> WorkflowHistory:
 @pytest.mark.parametrize("path", HISTORIES, ids=[p.name.removesuffix(".json") for p in HISTORIES])
 async def test_history_replays_on_the_current_code(path: Path):
     assert _scenario_of(path) in SCENARIOS, f"{path.name}: no such scenario in record.py"
-    replayer = Replayer(workflows=WORKFLOWS, data_converter=pydantic_data_converter)
+    replayer = replayer_of(WORKFLOWS)
     await replayer.replay_workflow(_history(path))
 
 
@@ -85,9 +93,7 @@ class ProvisionJobWithAPatchedTimer(ProvisionJob):
 
 
 async def test_a_changed_command_sequence_fails_replay():
-    replayer = Replayer(
-        workflows=[ProvisionJobWithAnExtraTimer], data_converter=pydantic_data_converter
-    )
+    replayer = replayer_of([ProvisionJobWithAnExtraTimer])
     result = await replayer.replay_workflow(
         _history(SCENARIOS["happy_path"].path), raise_on_replay_failure=False
     )
@@ -96,7 +102,5 @@ async def test_a_changed_command_sequence_fails_replay():
 
 
 async def test_the_same_change_behind_workflow_patched_replays():
-    replayer = Replayer(
-        workflows=[ProvisionJobWithAPatchedTimer], data_converter=pydantic_data_converter
-    )
+    replayer = replayer_of([ProvisionJobWithAPatchedTimer])
     await replayer.replay_workflow(_history(SCENARIOS["happy_path"].path))

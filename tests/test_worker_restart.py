@@ -16,6 +16,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from gpuprov.api.app import create_app, serving
 from gpuprov.cli.dev import free_port
 from gpuprov.engine.worker import open_records
@@ -24,6 +26,8 @@ from gpuprov.sdk.client import GpuprovClient
 from gpuprov.store.records import Records
 from providers.fake import FakeCloudState
 from tests.helpers import creates_by_node, eventually, job, until
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,9 +13,12 @@ import time
 from pathlib import Path
 
 import asyncssh
+import pytest
 
 from gpuprov.engine.worker import open_records
 from gpuprov.store.ssh_records import SshRecords
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 REPO = Path(__file__).resolve().parents[1]
 STARTED = "worker on "

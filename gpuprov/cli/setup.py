@@ -4,7 +4,7 @@
    runs at start-up; it takes a database-wide lock, so a racing worker is harmless).
 2. Temporal namespace: create it when it does not exist yet (a bare `temporalio/server`, as in
    docker-compose.yml, has none), with the retention given; an existing one is left untouched.
-3. Search attributes: register the four Keyword attributes of gpuprov.search_attributes through
+3. Search attributes: register the four Keyword attributes of gpuprov.contract through
    the operator service, only the missing ones. An attribute that exists with another type is an
    error the operator must resolve: silently keeping it would break every job's upsert.
 

@@ -57,6 +57,8 @@ from tests.sshd import (
 )
 from tests.tls import Pki
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 VM = "boot-a1-n0-abc123"
 JOB = "boot"
 

@@ -26,6 +26,8 @@ from providers.base import Capabilities, InstanceSpec, Offer, ResourceRequest
 from providers.fake import FakeCloud
 from tests.helpers import fast_cloud
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 
 class RecordingCloud(FakeCloud):
     """The fake cloud, saying whether it runs cloud-init, keeping the spec create was given."""

@@ -8,12 +8,16 @@ from __future__ import annotations
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
+
 from activities.store import ReserveInput, StoreActivities
 from gpuprov.engine.worker import open_records
 from gpuprov.models import JobState, WorkerCapabilities
 from gpuprov.sdk.client import OffersQuery
 from providers.base import ResourceRequest
 from tests.helpers import assert_nothing_left, fake_worker, fast_cloud, job, until
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 H100X8 = ResourceRequest(gpu="H100", gpus_per_node=8)
 

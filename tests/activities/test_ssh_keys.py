@@ -30,6 +30,8 @@ from gpuprov.store.records import Records
 from gpuprov.store.ssh_records import SshRecords
 from tests.gpuprov.test_records import snapshot
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 VM = "job-a1-n0-abc123"
 
 

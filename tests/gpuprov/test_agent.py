@@ -49,6 +49,8 @@ from providers.fake.node import DEFAULT_FIXTURES
 from providers.ssh_common import AGENT_FILE
 from tests.gpuprov.test_api import vm_token, worker_rows
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 REPO = Path(__file__).resolve().parents[2]
 NODE_PACKAGE = REPO / "gpuprov" / "node"
 FIXTURES = DEFAULT_FIXTURES  # the fake cloud's package data: captured nvidia-smi outputs

@@ -35,6 +35,8 @@ from tests.gpuprov.test_agent_run import (
 )
 from tests.gpuprov.test_api import CAPABILITIES, REGISTER, VM, body, vm_token
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 
 @contextlib.asynccontextmanager
 async def neighbour(url: str) -> AsyncIterator[list[int]]:
@@ -50,7 +52,7 @@ async def neighbour(url: str) -> AsyncIterator[list[int]]:
             answered.append(response.status_code)
             await asyncio.sleep(0.02)
 
-    async with httpx.AsyncClient(base_url=url, timeout=10) as http:
+    async with httpx.AsyncClient(base_url=url, timeout=60) as http:
         task = asyncio.create_task(flood(http))
         try:
             await until(lambda: answered.count(429) >= 5, "the address to be throttled")
@@ -72,7 +74,7 @@ async def test_a_node_registers_at_once_while_its_neighbours_bad_tokens_throttle
         assert answered[:20] == [401] * 20  # then 429: the address is throttled
         daemon = start(root, sys.executable, "--token-file", str(join_env(root, url, token)))
         try:
-            found = await until(lambda: records.workers_of_vms([VM]), "registration", timeout=10)
+            found = await until(lambda: records.workers_of_vms([VM]), "registration", timeout=60)
             [worker_id] = [row.id for row in found.values()]
             seen = heartbeats(records, worker_id)
             await until(lambda: heartbeats(records, worker_id) >= seen + 3, "heartbeats")

@@ -37,6 +37,8 @@ from providers.userdata import JOIN_ENV_PATH, user_data
 from tests.gpuprov.test_agent import FIXTURES, _python38, agent_pyz, install_agent
 from tests.gpuprov.test_api import snapshot, vm_token
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 X8 = [
     line.split(", ")[3]
     for line in (FIXTURES / "query-h100-80gb-hbm3-x8.txt").read_text().splitlines()

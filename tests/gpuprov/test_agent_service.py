@@ -17,6 +17,8 @@ from providers import agent_artifact
 from tests.gpuprov.test_agent import install_agent
 from tests.gpuprov.test_join import ControlPlane, control_plane, join_with_new_token, workers
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 __all__ = ["control_plane"]  # the fixture, used by name
 
 

@@ -32,7 +32,10 @@ from tests.gpuprov.test_api import JOB, VM, vm_token
 FAST = WorkersSettings(heartbeat_interval_seconds=0.2, lost_after_seconds=2)
 JOBS = JobsSettings(stop_grace_seconds=1.5)
 
-pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+pytestmark = [
+    pytest.mark.slow,  # measured: docs/testing.md, "The fast lane"
+    pytest.mark.parametrize("database_url", ["sqlite"], indirect=True),
+]
 
 
 @asynccontextmanager

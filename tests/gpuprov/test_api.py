@@ -17,11 +17,14 @@ import pytest
 import sqlalchemy as sa
 from fastapi import FastAPI
 
+import tests.rows
 from gpuprov.api.app import MAX_BODY_BYTES, create_app
 from gpuprov.models import WorkerCapabilities
 from gpuprov.store.credentials import sha256
 from gpuprov.store.db import JoinToken, WorkerCredential, utcnow
 from gpuprov.store.records import Records
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 REGISTER = "/v1/workers/register"
 TABLES = {"vms", "join_tokens", "cost_records", "blocks", "workers", "orphans"}
@@ -56,14 +59,9 @@ CAPABILITIES: dict[str, Any] = {
 
 def snapshot(records: Records) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table (reflected, so nothing is missed), in a stable order."""
-    reflected = sa.MetaData()
-    reflected.reflect(records.db.engine)
-    assert set(reflected.tables) >= TABLES, sorted(reflected.tables)
-    with records.db.session() as session:
-        return {
-            table.name: sorted((tuple(row) for row in session.execute(sa.select(table))), key=repr)
-            for table in reflected.sorted_tables
-        }
+    rows = tests.rows.snapshot(records)
+    assert set(rows) >= TABLES, sorted(rows)
+    return rows
 
 
 def record_vm(records: Records, vm: str = VM, job: str = JOB) -> None:

@@ -27,7 +27,10 @@ from tests.gpuprov.test_agent import H100X8, agent_env, install_agent, install_n
 from tests.gpuprov.test_api import LABEL, TTL, snapshot
 from tests.tls import Pki
 
-pytestmark = pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # not about it
+pytestmark = [
+    pytest.mark.slow,  # measured: docs/testing.md, "The fast lane"
+    pytest.mark.parametrize("database_url", ["sqlite"], indirect=True),  # not about it
+]
 
 
 @dataclass

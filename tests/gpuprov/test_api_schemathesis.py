@@ -40,6 +40,8 @@ from gpuprov.store.db import Database, JoinToken, utcnow
 from gpuprov.store.records import Records
 from tests.gpuprov.test_api import CAPABILITIES, REGISTER, snapshot
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 MAX_EXAMPLES = 60
 TTL = timedelta(minutes=5)
 # What the token field of a generated register request is replaced with, if anything.

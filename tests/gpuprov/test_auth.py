@@ -30,6 +30,8 @@ from tests.gpuprov.test_api import (
     vm_token,
 )
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 
 class Clock:
     def __init__(self) -> None:

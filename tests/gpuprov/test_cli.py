@@ -14,6 +14,8 @@ from gpuprov.engine.worker import open_records
 from gpuprov.models import JobState, JobStatus
 from tests.helpers import fake_worker, fast_cloud
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 GPUPROV = str(Path(sys.executable).parent / "gpuprov")
 
 

@@ -23,6 +23,8 @@ from gpuprov.sdk.client import (
 from providers.errors import ErrorKind
 from tests.helpers import OFFER_A, assert_nothing_left, fake_worker, fast_cloud, job
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 
 @pytest.fixture
 async def sdk(client, task_queue) -> GpuprovClient:
@@ -32,7 +34,7 @@ async def sdk(client, task_queue) -> GpuprovClient:
 
 
 async def listed(
-    sdk: GpuprovClient, name: str, timeout: float = 10, **filters
+    sdk: GpuprovClient, name: str, timeout: float = 60, **filters
 ) -> JobSummary | None:
     """The job's row in `list(**filters)`, polled briefly: visibility lags the job a moment."""
     deadline = time.monotonic() + timeout

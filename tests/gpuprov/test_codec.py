@@ -42,6 +42,8 @@ from gpuprov.sdk.converter import PYDANTIC_DATA_CONVERTER
 from providers.errors import ErrorKind
 from tests.helpers import fake_worker, fast_cloud, job
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 UI = "http://localhost:8233"
 
 

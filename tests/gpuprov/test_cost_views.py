@@ -20,6 +20,8 @@ from gpuprov.store.db import Database, VmRecord
 from gpuprov.store.records import Records
 from providers.base import Billing, PriceQuote
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 T0 = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
 PER_MINUTE = Billing(granularity_seconds=60, minimum_seconds=60)
 

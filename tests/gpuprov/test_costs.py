@@ -19,6 +19,8 @@ from providers import CLOUDS
 from providers.base import Billing, PriceQuote
 from tests.gpuprov.test_records import race
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 T0 = datetime(2026, 3, 4, 5, 6, 7, tzinfo=UTC)
 PER_SECOND = 0.001  # of a 3.6/hour quote
 

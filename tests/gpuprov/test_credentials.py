@@ -14,6 +14,8 @@ from gpuprov.store.db import OperatorKey, WorkerCredential, utcnow
 from gpuprov.store.records import Records
 from tests.gpuprov.test_records import snapshot
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 CAPABILITIES = {"gpus": [], "gpu_runtime_ok": False}
 
 

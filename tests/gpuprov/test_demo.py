@@ -9,6 +9,10 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 GPUPROV = str(Path(sys.executable).parent / "gpuprov")
 
 

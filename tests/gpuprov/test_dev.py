@@ -9,11 +9,14 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from gpuprov.cli.dev import free_port
 from gpuprov.models import JobState
 from gpuprov.sdk.client import GpuprovClient
 from tests.helpers import job
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 GPUPROV = str(Path(sys.executable).parent / "gpuprov")
 

@@ -40,6 +40,8 @@ from workflows.intake import NO_INPUT
 from workflows.job import ProvisionJob
 from workflows.reconcile import Reconcile
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 
 @workflow.defn(name="ProvisionJob")
 class ProvisionJobChangedWithoutGate(ProvisionJob):

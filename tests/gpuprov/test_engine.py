@@ -16,6 +16,8 @@ from gpuprov.store.db import Database
 from gpuprov.store.records import Records
 from gpuprov.store.ssh_records import SshRecords
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 SETTING_NAMES = "ssh.client_key_file, ssh.client_key or GPUPROV_SSH__CLIENT_KEY"
 
 

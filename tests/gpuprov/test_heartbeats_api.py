@@ -14,6 +14,8 @@ from gpuprov.store.records import Records
 from tests.gpuprov.test_api import snapshot
 from tests.gpuprov.test_auth import bearer, register_worker
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 HEARTBEAT = "/v1/workers/heartbeat"
 SETTINGS = WorkersSettings(heartbeat_interval_seconds=7.5, lost_after_seconds=20)
 

@@ -34,6 +34,9 @@ from gpuprov.engine.worker import open_records
 from gpuprov.models import JobSpec
 from gpuprov.sdk.client import GpuprovClient
 from gpuprov.store.records import Records
+from tests.rows import snapshot
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 GPUPROV = str(Path(sys.executable).parent / "gpuprov")
 WORKER = str(Path(__file__).resolve().parents[2] / "worker.py")
@@ -232,17 +235,6 @@ CLI_CASES: dict[str, Case] = {
 
 
 # ---------------------------------------------------------------------------- harness
-
-
-def snapshot(records: Records) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table (reflected, so nothing is missed)."""
-    reflected = sa.MetaData()
-    reflected.reflect(records.db.engine)
-    with records.db.session() as session:
-        return {
-            table.name: sorted((tuple(row) for row in session.execute(sa.select(table))), key=repr)
-            for table in reflected.sorted_tables
-        }
 
 
 def clean_environment() -> dict[str, str]:

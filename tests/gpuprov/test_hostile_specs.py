@@ -60,6 +60,8 @@ from gpuprov.models import (
 )
 from providers import PROVIDER_IDS
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 PROPERTY = settings(
     max_examples=200,
     deadline=None,

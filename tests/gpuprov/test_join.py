@@ -21,7 +21,7 @@ import pytest
 from sqlmodel import select
 from temporalio.testing import WorkflowEnvironment
 
-from gpuprov import api_node
+from gpuprov.api import node as api_node
 from gpuprov.api.app import create_app, serving
 from gpuprov.cli.dev import free_port
 from gpuprov.engine.worker import open_records
@@ -32,6 +32,8 @@ from gpuprov.store.records import Records
 from providers import agent_artifact
 from tests.gpuprov.test_agent import H100X8, TOKEN, install_nvidia_smi
 from tests.gpuprov.test_records import snapshot
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 GPUPROV = str(Path(sys.executable).parent / "gpuprov")
 

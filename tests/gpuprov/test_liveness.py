@@ -6,10 +6,14 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
+
 from gpuprov.store.credentials import Credentials, issue_worker_credential
 from gpuprov.store.db import WorkerRecord, utcnow
 from gpuprov.store.liveness import Liveness
 from gpuprov.store.records import Records
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 HEALTHY: dict[str, Any] = {"gpus": [{"name": "NVIDIA H100"}], "gpu_runtime_ok": True}
 BROKEN: dict[str, Any] = {"gpu_runtime_ok": False, "gpu_runtime_error": "nvidia-smi exited 18"}

@@ -19,6 +19,8 @@ from alembic.script import ScriptDirectory
 from gpuprov.store.db import Database, WorkerRecord, alembic_config, metadata, utcnow
 from gpuprov.store.records import Records
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 REPO = Path(__file__).resolve().parents[2]
 INITIAL_TABLES = {"vms", "join_tokens", "cost_records", "blocks", "workers", "orphans"}
 CREDENTIAL_TABLES = {"worker_credentials", "operator_keys"}

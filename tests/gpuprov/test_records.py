@@ -17,22 +17,12 @@ import sqlalchemy as sa
 
 from gpuprov.store.db import Database, JoinToken, WorkerRecord, utcnow
 from gpuprov.store.records import Records, TokenRejected
+from tests.rows import snapshot
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
-
-
-def snapshot(db: Database) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of every table (reflected, so nothing is missed), in a stable order."""
-    reflected = sa.MetaData()
-    reflected.reflect(db.engine)
-    with db.engine.connect() as connection:
-        return {
-            table.name: sorted(
-                (tuple(row) for row in connection.execute(sa.select(table))), key=repr
-            )
-            for table in reflected.sorted_tables
-        }
 
 
 def race(count: int, action: Callable[[int], T]) -> list[T | BaseException]:

@@ -9,10 +9,13 @@ import textwrap
 from pathlib import Path
 
 import asyncssh
+import pytest
 
 from gpuprov.store.db import Database
 from gpuprov.store.ssh_records import ClientKeySource, SshRecords
 from tests.gpuprov.test_records import race, snapshot
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 REPO = Path(__file__).resolve().parents[2]
 VM = "train-a1-n0-abc123"

@@ -26,6 +26,8 @@ from gpuprov.sdk.connection import TemporalSettingError, connect_temporal
 from gpuprov.sdk.pem import SettingError
 from tests.tls import SERVER_NAME, Pki, TlsFront, running_nginx
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 REPO = Path(__file__).resolve().parents[2]
 GPUPROV = str(Path(sys.executable).parent / "gpuprov")
 API_KEY = "tmprl-test-key.0123456789abcdef"

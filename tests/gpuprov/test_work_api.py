@@ -28,6 +28,8 @@ from tests.gpuprov.in_process import client_for
 from tests.gpuprov.test_api import JOB, REGISTER, body, snapshot, vm_token
 from tests.gpuprov.test_auth import bearer
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 JOBS = JobsSettings(stop_grace_seconds=12, log_cap_bytes=1024)
 COMMAND = RunCommand(setup="true", run="echo rank $GPUPROV_NODE_RANK", env={"A": "1"})
 

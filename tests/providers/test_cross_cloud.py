@@ -25,6 +25,8 @@ from tests.providers.aws.stack import (
 from tests.providers.aws.test_job import launched_user_data
 from tests.providers.gce.fake_gce import ZONES, FakeGce
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 P5_PRICE = 55.04  # a test price served by the front's Price List, not AWS's
 
 

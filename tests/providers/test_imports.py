@@ -8,7 +8,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.import_graph import ROOT, cycles, import_graph
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 
 def test_no_module_imports_itself_back_through_another() -> None:

@@ -22,7 +22,7 @@ import asyncssh
 import pytest
 
 from activities.ssh_keys import host_key_cloud_config
-from gpuprov import api_node
+from gpuprov.api import node as api_node
 from gpuprov.engine.worker import open_records
 from gpuprov.store.records import Records
 from providers import agent_artifact, node_agent
@@ -34,6 +34,8 @@ from providers.userdata import compressed_user_data, user_data
 from tests import cloudinit
 from tests.nodes import CloudInitNode, gpu_path, serving_api, unit_value
 from tests.tls import Pki
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 LAMBDA_LIMIT = importlib.import_module("providers.lambdalabs.cloud").MAX_USER_DATA
 VM = "train-7b-a1-n0-ce4389"

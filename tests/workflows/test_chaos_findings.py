@@ -38,6 +38,8 @@ from tests.helpers import (
 from tests.workflows.test_reconcile import reconcile
 from worker import connect_patiently
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Records:

@@ -6,9 +6,13 @@ from __future__ import annotations
 import asyncio
 import time
 
+import pytest
+
 from gpuprov.config import FakeRegion
 from gpuprov.models import JobState
 from tests.helpers import assert_nothing_left, fake_worker, fast_cloud, job, until
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 JOBS = 20
 POLL = 0.25

@@ -29,6 +29,8 @@ from tests.helpers import (
     until,
 )
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 PER_MINUTE = Billing(granularity_seconds=60, minimum_seconds=60, source="test terms")
 
 

@@ -40,6 +40,8 @@ from tests.helpers import (
     ready_then_release,
 )
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 K = ErrorKind
 
 

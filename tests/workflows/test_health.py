@@ -4,11 +4,14 @@ tests/providers/ssh/test_job.py."""
 
 from __future__ import annotations
 
+import pytest
 from temporalio.client import Client
 
 from gpuprov.models import JobState
 from providers.base import Location, Verdict
 from tests.helpers import eventually, fake_worker, fast_cloud, job, until
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 
 async def test_health_of_a_ready_job_then_of_its_machine_once_gone(
@@ -47,7 +50,7 @@ async def test_a_ready_job_checks_health_and_reports_a_machine_that_vanished(
         await cloud.delete(location, node.vm, node.instance_ids)  # e.g. preempted under us
         await eventually(lambda: cloud.live_instances() == [], "the machine gone from the cloud")
         vanished = await until(
-            handle, lambda s: bool(s.health) and s.health[0].verdict is Verdict.GONE, timeout=20
+            handle, lambda s: bool(s.health) and s.health[0].verdict is Verdict.GONE, timeout=60
         )
         assert vanished.state is JobState.READY
         # What the Temporal UI shows as the workflow's current details.

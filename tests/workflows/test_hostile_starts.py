@@ -27,6 +27,8 @@ from gpuprov.engine.worker import open_records
 from gpuprov.models import JobState
 from tests.helpers import assert_nothing_left, fake_worker, fast_cloud, job, until
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 JSON = {"encoding": b"json/plain"}
 
 

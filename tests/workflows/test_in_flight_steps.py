@@ -34,6 +34,8 @@ from tests.helpers import (
 )
 from tests.providers.scrubbing import activity_failure
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 
 class LandsLate(FakeCloud):
     """The fake cloud, with `held` requests kept waiting until `gate` opens; a caller that

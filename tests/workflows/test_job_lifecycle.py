@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from gpuprov import contract
 from gpuprov.config import FakeInstanceType, FakeRegion, FaultRule
 from gpuprov.models import AttemptOutcome, JobState
@@ -29,6 +31,8 @@ from tests.helpers import (
     ready_then_release,
     until,
 )
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 
 async def _planned(config) -> list[str]:

@@ -23,6 +23,8 @@ from gpuprov.sdk.converter import PYDANTIC_DATA_CONVERTER
 from tests.helpers import assert_nothing_left, fake_worker, fast_cloud, job, until
 from workflows.job import MAX_EVENTS_PER_RUN
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 NODES = 16
 DAYS = 31
 

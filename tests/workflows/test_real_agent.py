@@ -20,7 +20,7 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
 from activities.liveness import SweepReport
-from gpuprov import api_node
+from gpuprov.api import node as api_node
 from gpuprov.api.app import create_app, serving
 from gpuprov.cli.dev import free_port
 from gpuprov.config import FakeProviderConfig, FaultRule, WorkersSettings
@@ -35,6 +35,8 @@ from providers.fake.config import FakeInstanceType
 from providers.fake.node import AGENT_PATH, check_captured
 from tests.helpers import OFFER_A, OFFER_B, assert_nothing_left, fake_worker, fast_cloud, job, until
 from workflows.liveness import WatchWorkers
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 FAST = WorkersSettings(heartbeat_interval_seconds=0.3, lost_after_seconds=2)
 

@@ -44,6 +44,8 @@ from tests.helpers import (
 )
 from workflows.reconcile import Reconcile
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 # retire deletes, waits until observe shows nothing, marks the row terminated, then cleans up.
 TEARDOWN_STEPS = ["retire", "resolve_orphan"]
 

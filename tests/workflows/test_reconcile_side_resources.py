@@ -35,6 +35,8 @@ from tests.helpers import (
 )
 from tests.workflows.test_reconcile import plant, reconcile
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Records:
@@ -232,7 +234,7 @@ async def test_the_fake_cloud_lists_side_resources_by_vm_per_region() -> None:
         await cloud.aclose()
 
 
-async def until_true(check: Callable[[], bool], timeout: float = 20.0) -> None:
+async def until_true(check: Callable[[], bool], timeout: float = 60.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not check():
         assert asyncio.get_running_loop().time() < deadline, "condition never held"

@@ -39,6 +39,8 @@ from tests.helpers import (
     until,
 )
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Records:

@@ -27,6 +27,8 @@ from gpuprov.store.records import Records
 from gpuprov.store.work import WorkRecords
 from tests.helpers import OFFER_A, OFFER_B, assert_nothing_left, fake_worker, fast_cloud, job, until
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 # rank, epoch -> the exit code to end with now, or None to keep running
 Behaviour = Callable[[int, int], int | None]
 

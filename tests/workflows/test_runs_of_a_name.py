@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 from sqlmodel import col, select
 
@@ -27,6 +28,8 @@ from tests.gpuprov.test_join import ControlPlane, clean_env, join_with_new_token
 from tests.helpers import assert_nothing_left, eventually, fake_worker, fast_cloud, job, until
 from tests.test_worker_restart import REPO
 from tests.workflows.test_work_on_nodes import FAST, JOBS, real_nodes, sqlite_records
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 __all__ = ["sqlite_records"]  # the fixture, used by name
 

@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import pytest
 from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
@@ -23,6 +24,8 @@ from providers.fake import FakeCloud
 from tests.helpers import assert_nothing_left, fast_cloud, job, until
 from workflows.intake import NO_INPUT
 from workflows.job import ProvisionJob
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 CHANGE = "gpuprov-test-extra-timer"
 

@@ -18,6 +18,8 @@ from tests.gpuprov.test_agent_work_ends import alive
 from tests.helpers import assert_nothing_left, job, kill_recorded_pids
 from tests.workflows.test_work_on_nodes import real_nodes
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 
 @pytest.fixture
 def sqlite_records(tmp_path: Path) -> Iterator[Records]:

@@ -37,6 +37,8 @@ from tests.helpers import (
 )
 from tests.test_worker_restart import REPO, Stack
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 FAST = WorkersSettings(heartbeat_interval_seconds=0.3, lost_after_seconds=5)
 JOBS = JobsSettings(stop_grace_seconds=3)
 

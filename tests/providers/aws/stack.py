@@ -30,6 +30,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import boto3
 from aiobotocore.session import AioSession
+from botocore.config import Config
 from moto.server import ThreadedMotoServer
 
 from providers.aws.client import StaticCredentials
@@ -68,9 +69,18 @@ def moto_server() -> Iterator[str]:
         server.stop()
 
 
+# Budgets, never expectations: moto answers in milliseconds on a quiet machine, but its first
+# call into a backend after a reset loads that backend (SSM's default parameters take seconds),
+# and a loaded 2-core machine stretches that several times. A test that is about a timeout sets
+# its own.
+READ_TIMEOUT = 120.0
+# boto3 clients that arrange and check moto's state.
+BOTO_CONFIG = Config(read_timeout=READ_TIMEOUT)
+
+
 def reset_moto(url: str) -> None:
     request = urllib.request.Request(f"{url}/moto-api/reset", method="POST", data=b"")
-    with urllib.request.urlopen(request, timeout=10):
+    with urllib.request.urlopen(request, timeout=READ_TIMEOUT):
         pass
 
 
@@ -82,6 +92,7 @@ def ec2(url: str, region: str = REGION) -> Any:
         endpoint_url=url,
         aws_access_key_id="testing",
         aws_secret_access_key="testing",
+        config=BOTO_CONFIG,
     )
 
 
@@ -263,7 +274,7 @@ def _seen(headers: dict[str, str], raw: bytes) -> Seen:
 
 def _forward(upstream: str, raw: bytes, headers: dict[str, str]) -> Reply:
     target = urlsplit(upstream)
-    connection = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+    connection = http.client.HTTPConnection(target.hostname, target.port, timeout=READ_TIMEOUT)
     try:
         skip = {"host", "content-length", "connection", "accept-encoding"}
         forwarded = {k: v for k, v in headers.items() if k.lower() not in skip}
@@ -289,9 +300,9 @@ def aws_config(endpoint_url: str, **overrides: Any) -> AwsConfig:
         images={REGION: MOTO_AMI},
         spot=False,
         poll_interval=0.05,
-        boot_timeout=20,
-        delete_timeout=20,
-        request_timeout=10,
+        boot_timeout=READ_TIMEOUT,
+        delete_timeout=READ_TIMEOUT,
+        request_timeout=READ_TIMEOUT,
     )
     settings.update(overrides)
     return AwsConfig(**settings)

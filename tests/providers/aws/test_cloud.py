@@ -31,6 +31,8 @@ from tests.providers.aws.stack import (
     live_instances,
 )
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 H100X8 = ResourceRequest(gpu="H100", gpus_per_node=8)
 PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl t"
 

@@ -12,6 +12,7 @@ import pytest
 from providers.base import InstanceSpec, ResourceRequest
 from providers.errors import ErrorKind, ProviderError
 from tests.providers.aws.stack import (
+    BOTO_CONFIG,
     MOTO_AMI,
     MOTO_IMAGE_NAME,
     REGION,
@@ -19,6 +20,8 @@ from tests.providers.aws.stack import (
     ec2,
     gpuprov_security_groups,
 )
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 H100X8 = ResourceRequest(gpu="H100", gpus_per_node=8)
 # Parameters moto serves as AWS publishes them (Amazon Linux, /aws/service/...).
@@ -37,6 +40,7 @@ def ssm_value(url: str, name: str) -> str:
         endpoint_url=url,
         aws_access_key_id="testing",
         aws_secret_access_key="testing",
+        config=BOTO_CONFIG,
     )
     return client.get_parameter(Name=name)["Parameter"]["Value"]
 

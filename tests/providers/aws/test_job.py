@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import base64
 
+import pytest
+
 from gpuprov.models import AttemptOutcome, JobState
 from providers.errors import ErrorKind
 from tests.helpers import job, ready_then_release
@@ -20,6 +22,8 @@ from tests.providers.aws.stack import (
     gpuprov_security_groups,
     live_instances,
 )
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 STOCKED_OUT = "aws/us-east-1a/p5.48xlarge"
 NEXT = "aws/us-east-1b/p5.48xlarge"

@@ -15,6 +15,8 @@ from providers.base import InstanceStatus, Severity
 from providers.errors import ErrorKind, ProviderError
 from tests.providers.aws.stack import recorded
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 
 def instance(state: str = "running", **fields) -> dict:
     base = {

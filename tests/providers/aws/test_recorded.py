@@ -32,6 +32,8 @@ from tests.providers.aws.stack import (
     recorded,
 )
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 VM = "train-a1-n0-c0ffee"
 WHERE = Location(provider="aws", region=REGION, zone="us-east-1a")
 OFFER = Offer(

@@ -13,6 +13,8 @@ from providers.base import InstanceSpec, ResourceRequest
 from providers.errors import BlockScope, ErrorKind, ProviderError
 from tests.providers.aws.stack import aws_cloud
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 H100X8 = ResourceRequest(gpu="H100", gpus_per_node=8)
 
 

@@ -20,6 +20,8 @@ from tests import cloudinit
 from tests.providers.gce import bodies
 from tests.providers.gce.fake_gce import BASE_URL, FakeGce
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 P = f"{BASE_URL}/projects/{bodies.PROJECT}"
 ZONE = bodies.ZONE
 VM = bodies.VM

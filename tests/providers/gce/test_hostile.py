@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,6 +27,8 @@ from providers.gce.auth import StaticToken
 from providers.gce.cloud import GceCloud
 from tests.providers.gce import bodies
 from tests.providers.gce.fake_gce import FakeGce, h100_accelerator, h100_machine
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 HYPOTHESIS = settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 SECRET = "join-token-never-in-errors"

@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from gpuprov.models import AttemptOutcome, BlockScope, JobState
 from providers.errors import ErrorKind
 from providers.gce.identity import firewall_name, instance_name, ports_firewall_name
 from tests.helpers import job, ready_then_release
 from tests.nodes import agent_stack, booting_nodes
 from tests.providers.gce.fake_gce import FakeGce, gce_worker
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 
 def launched_user_data(fake: FakeGce) -> dict[str, str]:

@@ -31,6 +31,8 @@ from tests.providers.wire import assert_never_sent, carries
 from . import fixtures as fx
 from .fake_lambda import FakeLambda
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 LambdaClient = importlib.import_module("providers.lambdalabs.client").LambdaClient
 
 VM = "train-a1-n0-abc123"

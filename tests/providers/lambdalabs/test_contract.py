@@ -30,6 +30,8 @@ from providers.errors import ErrorKind, ProviderError
 from . import fixtures as fx
 from .fake_lambda import FakeLambda
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 DOCUMENT = Path(__file__).parents[2] / "fixtures/openapi/lambda/lambda-labs-openapi.json"
 SERVER = "https://cloud.lambda.ai"
 VM = "train-a1-n0-abc123"

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 from temporalio.testing import ActivityEnvironment
 
 from activities.cloud import CloudActivities, PlanInput
@@ -24,6 +25,8 @@ from tests.providers.scrubbing import assert_scrubbed, pieces_of, plan_failure
 
 from .fake_lambda import FakeLambda
 from .fixtures import API_KEY, INVALID_API_KEY, error
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 PREFIX = API_KEY[:20]  # what the vendor quotes of the key it refused
 H100 = "gpu_8x_h100_sxm5"

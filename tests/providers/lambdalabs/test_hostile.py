@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from temporalio.exceptions import ApplicationError
@@ -26,6 +27,8 @@ from providers.errors import ErrorKind
 
 from . import fixtures as fx
 from .fake_lambda import LambdaCloud, LambdaConfig
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 KINDS = {kind.value for kind in ErrorKind}
 

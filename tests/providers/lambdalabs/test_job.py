@@ -6,6 +6,8 @@ is terminated (confirmed by observe) with nothing left behind."""
 
 from __future__ import annotations
 
+import pytest
+
 from gpuprov.models import AttemptOutcome, JobState
 from providers.errors import ErrorKind
 from tests.helpers import job, ready_then_release
@@ -13,6 +15,8 @@ from tests.nodes import agent_stack, booting_nodes
 
 from . import fixtures as fx
 from .fake_lambda import FakeLambda
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 EAST = "lambda/us-east-3/gpu_8x_h100_sxm5"  # cheapest (23.92, ties broken by id): stocked out
 SOUTH = "lambda/us-south-2/gpu_8x_h100_sxm5"  # same type and price in another region

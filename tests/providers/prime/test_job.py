@@ -7,6 +7,8 @@ and the pod is deleted. A job asking for ports is never offered Prime, and says 
 
 from __future__ import annotations
 
+import pytest
+
 from gpuprov.models import AttemptOutcome, JobState
 from providers.errors import ErrorKind
 from providers.prime.cloud import PrimeCloud
@@ -18,6 +20,8 @@ from tests.providers.prime import bodies
 from tests.providers.prime.fake_api import API_KEY, FakePrime
 from tests.providers.refusals import assert_refused, refused
 from tests.providers.ssh.test_job import bootstrap_result
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 CHEAPEST = "prime/hyperstack/CANADA-1/n3-H100x1/1xH100_80GB"
 NEXT = "prime/runpod/US-KS-2/NVIDIA_H100_PCIe/1xH100_80GB"

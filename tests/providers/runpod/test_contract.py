@@ -17,6 +17,8 @@ from tests.providers.runpod import samples
 from tests.providers.runpod.fake_api import FakeRunPod
 from tests.providers.runpod.openapi import validate_request, validate_response
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 SPEC = InstanceSpec(
     vm=samples.VM, job="train-7b", node_index=0, attempt=1, ssh_public_key=samples.VM_KEY
 )

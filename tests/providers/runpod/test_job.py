@@ -20,6 +20,8 @@ from tests.providers.runpod.fake_api import FakeRunPod
 from tests.providers.runpod.openapi import validate_request
 from tests.providers.ssh.test_job import bootstrap_result
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 CHEAPEST = "runpod/US-KS-2/secure/8x-NVIDIA-H100-PCIe"
 NEXT = "runpod/EU-RO-1/secure/8x-NVIDIA-H100-80GB-HBM3"
 

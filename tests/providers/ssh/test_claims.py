@@ -9,6 +9,8 @@ import pytest
 
 from providers.ssh.claims import ClaimStore
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 
 @pytest.fixture
 def store(database_url: str) -> ClaimStore:

@@ -24,6 +24,8 @@ from providers.ssh.cloud import SshMachines
 from providers.ssh.config import SshConfig, SshHost
 from tests.sshd import TestServer, free_port, running_asyncssh_server, running_sshd
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 OWNED = Location(provider="ssh", region="owned")
 
 

@@ -14,6 +14,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlmodel import select
 from temporalio.client import Client
 
@@ -33,6 +34,8 @@ from providers.ssh_common import AGENT_FILE
 from tests.helpers import job, until
 from tests.providers.refusals import assert_refused, refused
 from tests.sshd import free_port, running_sshd
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 # A job waits in queued (planning) and then provisioning (an offer being brought up).
 WAITING_STATES = (JobState.QUEUED, JobState.PROVISIONING)

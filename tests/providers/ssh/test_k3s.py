@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from temporalio.client import Client
 
 from activities.ssh_keys import KeyStore
@@ -21,6 +22,8 @@ from providers.ssh.cloud import SshMachines
 from providers.ssh.config import SshConfig, SshHost
 from tests.helpers import decoded_history, job, until
 from tests.sshd import free_port, running_sshd
+
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
 NODE_TOKEN = "K10stub-cluster-join-token::server:4f1c2b"
 

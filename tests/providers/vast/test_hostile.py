@@ -24,6 +24,8 @@ from providers.vast.cloud import VastCloud
 from tests.providers.vast import fixtures
 from tests.providers.vast.conftest import vast_config
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 HERE = Location(provider="vast", region="US")
 SPEC = InstanceSpec(vm="h-a1-n0-abc", job="h", node_index=0, attempt=1)
 KINDS = {kind.value for kind in ErrorKind}

@@ -20,6 +20,8 @@ from tests.providers.ssh.test_job import bootstrap_result
 from tests.providers.vast import fixtures
 from tests.providers.vast.conftest import vast_config
 
+pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
+
 
 @pytest.fixture(autouse=True)
 def local_api(router: respx.Router) -> None:
