@@ -9,8 +9,9 @@ woken job makes.
   job that is closed or not found is skipped, and the change counts as told: nobody is left to
   tell. A signal Temporal did not take stays pending for the next sweep.
 - job_workers (a job's local step): every worker the database ties to the job, with its
-  liveness and health, the truth the job acts on. The signal carries nothing and changes
-  nothing by itself, so anyone who can send it can at most wake a job to read this.
+  liveness, health, lease and the cloud's notice, the truth the job acts on. The signal
+  carries nothing and changes nothing by itself, so anyone who can send it can at most wake a
+  job to read this.
 
 Heartbeats never reach Temporal one by one: only a change of a worker's state costs one signal
 (one history event) to its job.
@@ -22,12 +23,12 @@ import asyncio
 from collections import defaultdict
 from datetime import datetime, timedelta
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 from temporalio import activity
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from gpuprov.models import WorkerLiveness
+from gpuprov.models import NodeNotice, WorkerLiveness
 from gpuprov.sdk.signals import tell_workers_changed
 from gpuprov.store.db import WorkerRecord
 from gpuprov.store.liveness import Liveness
@@ -66,7 +67,19 @@ def worker_liveness(worker: WorkerRecord) -> WorkerLiveness:
         health=worker.health,
         detail=worker.health_detail,
         last_seen_at=worker.last_seen_at,
+        work_ends_by=worker.work_ends_by,
+        notice=_notice(worker.notice),
     )
+
+
+def _notice(stored: str | None) -> NodeNotice | None:
+    """The notice the API recorded, or None (none, or one another version wrote unreadably)."""
+    if not stored:
+        return None
+    try:
+        return NodeNotice.model_validate_json(stored)
+    except ValidationError:
+        return None
 
 
 class LivenessActivities:

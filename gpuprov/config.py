@@ -273,6 +273,10 @@ class WorkersSettings(Model):
     heartbeat_interval_seconds: float = Field(default=30.0, gt=0, le=3600)
     lost_after_seconds: float = Field(default=90.0, gt=0)
     sweep_every_seconds: int = Field(default=30, ge=1)
+    # Each heartbeat answered renews the node's lease for this long (None: lost_after_seconds).
+    # A node whose lease lapses (cut off from the API) stops its work; a new attempt's work
+    # never starts before an old node's lease and stop grace period are over.
+    lease_seconds: float | None = Field(default=None, gt=0, le=24 * 3600)
 
     @model_validator(mode="after")
     def _lost_after_a_missed_beat(self) -> WorkersSettings:
@@ -281,7 +285,17 @@ class WorkersSettings(Model):
                 "lost_after_seconds must be longer than heartbeat_interval_seconds "
                 "(a worker is lost only after missing heartbeats)"
             )
+        if self.lease_seconds is not None and self.lease_seconds <= self.heartbeat_interval_seconds:
+            raise ValueError(
+                "lease_seconds must be longer than heartbeat_interval_seconds "
+                "(one late heartbeat must not stop a node's work)"
+            )
         return self
+
+    @property
+    def lease(self) -> float:
+        """The lease each heartbeat grants, in seconds."""
+        return self.lease_seconds if self.lease_seconds is not None else self.lost_after_seconds
 
 
 class MetricsSettings(Model):

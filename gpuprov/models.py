@@ -370,6 +370,29 @@ class WorkerList(Model):
     workers: list[WorkerSummary]
 
 
+NOTICE_KINDS = ("reclaim", "maintenance", "rebalance")
+# A GCE maintenance that stops the machine: GPU machines cannot live-migrate, so it ends the
+# work as surely as a reclaim does.
+STOPPING_MAINTENANCE = "TERMINATE_ON_HOST_MAINTENANCE"
+
+
+class NodeNotice(Model):
+    """What the cloud told a node about its machine through instance metadata, as the node's
+    agent reports it in its heartbeats: EC2's spot instance-action, rebalance recommendation
+    and scheduled events; GCE's preempted flag and maintenance event."""
+
+    kind: Literal["reclaim", "maintenance", "rebalance"]
+    source: Literal["ec2", "gce"]
+    action: str = Field(max_length=64)  # the cloud's own word: terminate, system-reboot, ...
+    deadline: datetime | None = None  # when the cloud acts, where it says
+    detail: str = Field(default="", max_length=300)
+
+    @property
+    def ends_the_machine(self) -> bool:
+        """A reclaim, or a maintenance that stops the machine: the work cannot go on there."""
+        return self.kind == "reclaim" or self.action == STOPPING_MAINTENANCE
+
+
 class WorkerLiveness(Model):
     """One worker of a job as the database says now (the `job_workers` step): the job reads it
     when the liveness sweep wakes it with the `workers_changed` signal."""
@@ -382,6 +405,10 @@ class WorkerLiveness(Model):
     health: str  # healthy / unhealthy
     detail: str | None = None  # why unhealthy, in nvidia-smi's or CUDA's words
     last_seen_at: datetime | None = None
+    # Past this, the node has stopped its work even if it heard nothing more from the API: its
+    # last lease plus the stop grace period (None: it never heartbeat with a lease).
+    work_ends_by: datetime | None = None
+    notice: NodeNotice | None = None  # the cloud's latest notice about its machine
 
 
 class JobState(StrEnum):
@@ -497,6 +524,7 @@ class NodeWork(Model):
     state: WorkState
     exit_code: int | None = None
     tail: str | None = Field(default=None, max_length=4096)  # the last lines of its output
+    lease_lapsed: bool = False  # the node stopped it: cut off from the API past its lease
 
 
 class Restart(Model):
@@ -530,6 +558,9 @@ class JobStatus(Model):
     work: list[NodeWork] = Field(default_factory=list)  # the run's state on each node, now
     restarts: list[Restart] = Field(default_factory=list)  # each new attempt after a lost node
     ready_at: datetime | None = None  # first ready: max_runtime_seconds counts from here
+    # After a restart: the new attempt's work starts no earlier, so that an old node that may
+    # still hold a lease (cut off, its teardown not confirmed) has stopped its work by then.
+    work_waits_until: datetime | None = None
 
     @property
     def workflow_id(self) -> str:

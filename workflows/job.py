@@ -85,12 +85,19 @@ STOP_RECHECK = timedelta(seconds=5)
 # Changes behind `workflow.patched` (docs/architecture.md, "Changing workflow code safely"):
 # the job's unwind sees the winning attempt's nodes when a cancel lands as that attempt ends;
 UNWIND_PROVISIONED_ON_CANCEL = "unwind-provisioned-on-cancel"
-# work handed to the nodes is stopped and closed at every ending, even before its state was read.
+# work handed to the nodes is stopped and closed at every ending, even before its state was read;
 STOP_ASSIGNED_WORK = "stop-assigned-work"
+# a restart fences: the new attempt's work waits out the old nodes' leases, and a reclaimed
+# node's work is given its stop (its last minutes to checkpoint) before the teardown.
+FENCED_RESTART = "fenced-restart"
 
 
 class NodeLost(Exception):
     """Internal: a node of the running job was lost or reclaimed."""
+
+    def __init__(self, lost: running.Lost) -> None:
+        super().__init__(lost.cause)
+        self.reclaimed = lost.reclaimed
 
 
 @workflow.defn(name=contract.PROVISION_JOB)
@@ -320,7 +327,7 @@ class ProvisionJob:
                 await self._run_epoch()
                 return
             except NodeLost as lost:
-                await self._restart(str(lost))
+                await self._restart(str(lost), reclaimed=lost.reclaimed)
 
     async def _serve_lease(self) -> None:
         """Ready until `release` or `max_runtime_seconds`, watching the machines' health."""
@@ -333,13 +340,15 @@ class ProvisionJob:
         follow it until it ends everywhere, the job is released, or a node is lost."""
         epoch = self._epoch_input()
         nodes = self._placed_nodes()
+        if not await self._old_leases_waited_out():
+            return  # released meanwhile: nothing was handed out
         self._work_assigned = True  # before the step: a cancel may land while it commits
         await run_step(
             WorkActivities.assign_work,
             AssignInput(
                 job=self._spec.name,
                 epoch=self._epoch,
-                assignments=running.assignments(self._spec, nodes),
+                assignments=running.assignments(self._spec, nodes, attempt=self._epoch + 1),
                 run=self._run,
             ),
         )
@@ -359,9 +368,23 @@ class ProvisionJob:
                 await self._release()
                 raise JobFailed(judgement.message)
             if isinstance(judgement, running.Lost):
-                raise NodeLost(judgement.cause)
+                raise NodeLost(judgement)
             self._continue_as_new_if_long()
         await self._stop_work()
+
+    async def _old_leases_waited_out(self) -> bool:
+        """After a restart, wait (the new attempt is placed already) until no old node can
+        still run its work; False when the job is released meanwhile."""
+        until = self._status.work_waits_until
+        if until is not None and workflow.now() < until:
+            self._waiting(
+                f"the old attempt's nodes' leases to lapse (until {until.isoformat()}): "
+                "an old node that may still run the work has stopped it by then"
+            )
+            wait = (until - workflow.now()).total_seconds()
+            await _until(lambda: self._release_requested, wait)
+        self._status.work_waits_until = None
+        return not self._release_requested
 
     def _epoch_input(self) -> EpochInput:
         return EpochInput(job=self._spec.name, epoch=self._epoch, run=self._run)
@@ -421,10 +444,12 @@ class ProvisionJob:
         self._next_check = workflow.now() + timedelta(seconds=interval)
         self._publish_details()
 
-    async def _restart(self, cause: str) -> None:
+    async def _restart(self, cause: str, reclaimed: bool = False) -> None:
         """A node was lost while the work ran: give the epoch up, block the offer, tear the
         attempt down and revoke its workers (so its work can never report again), then place
-        the job anew and run the work from the start."""
+        the job anew and run the work from the start, once every old node that may still run
+        it is past its lease (`work_waits_until`). A reclaimed node's work is stopped first,
+        boundedly: the agent gave it SIGTERM and the notice, and it may be checkpointing."""
         limit = self._spec.recovery.max_restarts
         if self._provisioning is None:
             # An existing worker that went silent cannot be made to stop its work: running the
@@ -436,15 +461,27 @@ class ProvisionJob:
             Restart(number=len(self._status.restarts) + 1, at=workflow.now(), cause=cause)
         )
         self._waiting(f"restart {len(self._status.restarts)}: {cause}")
+        fenced = workflow.patched(FENCED_RESTART)
+        if fenced and reclaimed:
+            await self._stop_work()
+        ended = {node.worker_id for node in self._status.work if node.state.final}
         epoch = self._epoch_input()
         await run_step(WorkActivities.abandon_work, epoch)
         attempt = self._status.attempts[-1]
         attempt.outcome = AttemptOutcome.FAILED
-        attempt.step, attempt.kind, attempt.message = "run", ErrorKind.FAILED, cause
-        lost = StepFailure("run", ErrorKind.FAILED, cause)
+        # A reclaim says the offer has no capacity for now; anything else, that it failed.
+        kind = ErrorKind.CAPACITY if fenced and reclaimed else ErrorKind.FAILED
+        attempt.step, attempt.kind, attempt.message = "run", kind, cause
+        lost = StepFailure("run", kind, cause)
         await self._provisioning.add_block(BlockScope.OFFER, attempt.offer.id, lost)
         await self._unwind()
         await self._free_workers()
+        if fenced:
+            # Revoked now: their heartbeats write nothing more, so their leases are final.
+            workers = await run_step(
+                LivenessActivities.job_workers, JobWorkersInput(job=self._spec.name, run=self._run)
+            )
+            self._status.work_waits_until = running.work_fence(workers, self._status.nodes, ended)
         self._epoch += 1
         self._work_assigned = False
         self._status.work, self._status.health, self._next_check = [], [], None

@@ -2,16 +2,20 @@
 
 `assignments` gives every node its command: the spec's `setup` and `run`, the spec's `env`
 plus GPUPROV_JOB_NAME, GPUPROV_NODE_RANK (0..N-1), GPUPROV_NUM_NODES, GPUPROV_NODE_IPS
-(newline-separated, rank order) and GPUPROV_MASTER_ADDR (rank 0's address).
+(newline-separated, rank order), GPUPROV_MASTER_ADDR (rank 0's address) and GPUPROV_ATTEMPT
+(1, then one more per restart: user code fences its own storage by it).
 `judge` reads the nodes' work states and health into one of: still running, completed (every
 node exited 0), failed (the first node, by rank, that exited otherwise: its code and last
-lines), or lost (a node the cloud reclaimed or whose agent went silent: a new attempt may run
-the work again).
+lines), or lost (a node the cloud reclaimed or said it will, whose agent went silent, or that
+stopped its work because its lease lapsed: a new attempt may run the work again).
+`work_fence` says when a new attempt's work may start: once every old node that might still
+run its work (its machine not confirmed gone) is past its lease and stop grace period.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from gpuprov.models import (
     ExistingWorker,
@@ -26,6 +30,12 @@ from gpuprov.store.work import Assignment, RunCommand
 from providers.base import Verdict
 
 MAX_TAIL_LINES = 20
+# Beyond an old node's `work_ends_by`: its agent checks its lease twice a second, and its stop
+# (SIGKILL of every process of the work) takes a moment; the API's and the workflow's clocks
+# may differ by a little.
+FENCE_MARGIN = timedelta(seconds=10)
+# Node statuses of a machine the cloud confirmed gone: no work of it can still run.
+CONFIRMED_GONE = ("terminated", "not_created")
 
 
 @dataclass(frozen=True)
@@ -68,12 +78,14 @@ def gpus_of(node: NodeInstance) -> int | None:
     return len(node.capabilities.gpus) if node.capabilities is not None else None
 
 
-def assignments(spec: JobSpec, nodes: list[PlacedNode]) -> list[Assignment]:
+def assignments(spec: JobSpec, nodes: list[PlacedNode], attempt: int = 1) -> list[Assignment]:
+    """Every node's command; `attempt`: 1 for the first epoch, one more per restart."""
     assert spec.run is not None
     addresses = [node.address or "" for node in nodes]
     common = {
         **spec.env,
         "GPUPROV_JOB_NAME": spec.name,
+        "GPUPROV_ATTEMPT": str(attempt),
         "GPUPROV_NUM_NODES": str(len(nodes)),
         "GPUPROV_NODE_IPS": "\n".join(addresses),
         "GPUPROV_MASTER_ADDR": addresses[0] if addresses else "",
@@ -111,6 +123,7 @@ class Failed:
 @dataclass(frozen=True)
 class Lost:
     cause: str
+    reclaimed: bool = False  # the cloud said it takes the machine back (a spot reclaim)
 
 
 Judgement = Running | Completed | Failed | Lost
@@ -120,11 +133,22 @@ def judge(
     work: list[NodeWork], health: list[HealthReport], lost_workers: dict[str, str]
 ) -> Judgement:
     """What the nodes' reports add up to. `lost_workers`: worker id -> why it is lost (its
-    agent went silent, as the control plane saw it)."""
+    agent went silent, its GPU broke, or the cloud takes its machine back)."""
     for node in work:
-        if node.worker_id in lost_workers and not node.state.final:
+        reason = lost_workers.get(node.worker_id)
+        # A node the cloud takes back stopped its work on the notice: that end is not the
+        # work's own (only a clean exit before it counts as one).
+        taken = reason is not None and reason.startswith(TAKEN_BACK) and node.exit_code != 0
+        if reason is not None and (taken or not node.state.final):
             where = node.vm or f"worker {node.worker_id}"
-            return Lost(f"node {node.rank} ({where}): {lost_workers[node.worker_id]}")
+            return Lost(f"node {node.rank} ({where}): {reason}", reason.startswith(RECLAIMED))
+    for node in work:
+        if node.lease_lapsed:
+            where = node.vm or f"worker {node.worker_id}"
+            return Lost(
+                f"node {node.rank} ({where}): cut off from the control plane, it stopped its "
+                f"work when its lease lapsed (exit {node.exit_code})"
+            )
     for report in health:
         if report.verdict in (Verdict.GONE, Verdict.UNHEALTHY):
             said = "; ".join(f.message for f in report.findings if f.severity.value == "critical")
@@ -138,14 +162,25 @@ def judge(
     return Running()
 
 
+RECLAIMED = "spot reclaimed"  # how a reclaim's cause begins: the offer's block says it too
+STOPPING_MAINTENANCE = "maintenance stops the machine"
+TAKEN_BACK = (RECLAIMED, STOPPING_MAINTENANCE)
+
+
 def lost(workers: list[WorkerLiveness]) -> dict[str, str]:
-    """Worker id -> why it cannot carry the work any more: its agent went silent, or it
-    reports a broken GPU (a GPU fallen off the bus, an uncorrectable ECC error, ...)."""
+    """Worker id -> why it cannot carry the work any more: the cloud says it takes the machine
+    back (a reclaim, or a maintenance that stops it), its agent went silent, or it reports a
+    broken GPU (a GPU fallen off the bus, an uncorrectable ECC error, ...)."""
     reasons = {}
     for worker in workers:
         if worker.state == "revoked":  # an earlier attempt's, already let go
             continue
-        if worker.liveness == "lost":
+        notice = worker.notice
+        if notice is not None and notice.ends_the_machine:
+            said = notice.detail or f"{notice.source} {notice.action}"
+            first = RECLAIMED if notice.kind == "reclaim" else STOPPING_MAINTENANCE
+            reasons[worker.worker_id] = f"{first} ({said})"
+        elif worker.liveness == "lost":
             seen = worker.last_seen_at.isoformat() if worker.last_seen_at else "never"
             reasons[worker.worker_id] = f"its agent went silent (last heard {seen})"
         elif worker.health == "unhealthy":
@@ -174,3 +209,20 @@ def failure_message(node: NodeWork) -> str:
 def settled(work: list[NodeWork]) -> bool:
     """Whether nothing of the run executes any more (every node's part has ended)."""
     return all(node.state.final for node in work)
+
+
+def work_fence(
+    workers: list[WorkerLiveness], nodes: list[NodeInstance], ended: set[str]
+) -> datetime | None:
+    """When a new attempt's work may start: past the `work_ends_by` (with FENCE_MARGIN) of
+    every old worker that might still run its work: not one whose work was reported ended
+    (`ended`: worker ids), nor one whose machine the cloud confirmed gone. None: no wait."""
+    gone = {node.vm for node in nodes if node.status in CONFIRMED_GONE}
+    waits = [
+        worker.work_ends_by + FENCE_MARGIN
+        for worker in workers
+        if worker.work_ends_by is not None
+        and worker.worker_id not in ended
+        and (worker.vm is None or worker.vm not in gone)
+    ]
+    return max(waits) if waits else None

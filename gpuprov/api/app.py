@@ -212,8 +212,10 @@ def create_app(
     app.state.records = records
     auth.install(app, Credentials(records.db) if records is not None else None, auth_failures)
     app.state.liveness = Liveness(records.db) if records is not None else None
-    api_workers.add_routes(app, workers or WorkersSettings())
-    api_work.add_routes(app, jobs or JobsSettings(), temporal)
+    jobs = jobs or JobsSettings()
+    app.state.waker = api_work.JobWaker(app.state.liveness, temporal)
+    api_workers.add_routes(app, workers or WorkersSettings(), jobs)
+    api_work.add_routes(app, jobs)
     api_cost.add_routes(app)
     api_node.add_routes(app)
 

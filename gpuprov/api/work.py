@@ -28,6 +28,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
@@ -82,6 +83,7 @@ class WorkReport(Model):
 class ExitReport(Model):
     code: int = Field(ge=-255, le=255)  # negative: the signal that ended it
     tail: str | None = Field(default=None, max_length=MAX_TAIL)
+    lease_lapsed: bool = False  # the node stopped it: cut off from the API past its lease
 
 
 class LogChunkIn(Model):
@@ -108,11 +110,16 @@ class JobWaker:
         self._retry_at = 0.0
 
     async def changed(self, worker_id: str) -> None:
+        """Stamp the worker changed and signal its job (where there is a client)."""
         stamped = await asyncio.to_thread(self._liveness.changed, worker_id)
-        client = await self._connect() if stamped is not None else None
-        if stamped is None or client is None:
+        if stamped is not None:
+            await self.tell(worker_id, *stamped)
+
+    async def tell(self, worker_id: str, job: str, changed_at: datetime) -> None:
+        """Signal the job of a worker stamped changed at `changed_at`, and record it told."""
+        client = await self._connect()
+        if client is None:
             return
-        job, changed_at = stamped
         try:
             await tell_workers_changed(client, job)
         except RPCError as error:
@@ -157,12 +164,12 @@ def assignment(row: WorkRecord, grace: float) -> WorkAssignment:
     )
 
 
-def add_routes(app: FastAPI, jobs: JobsSettings, temporal: TemporalSource) -> None:
-    """The work and log endpoints, on the app itself."""
+def add_routes(app: FastAPI, jobs: JobsSettings) -> None:
+    """The work and log endpoints, on the app itself (`app.state.waker` tells the jobs)."""
     database = app.state.records.db if app.state.records is not None else None
     app.state.work = WorkRecords(database) if database is not None else None
     logs = LogRecords(database) if database is not None else None
-    waker = JobWaker(app.state.liveness, temporal)
+    waker: JobWaker = app.state.waker
 
     @app.get(
         "/v1/work",
@@ -205,7 +212,9 @@ def add_routes(app: FastAPI, jobs: JobsSettings, temporal: TemporalSource) -> No
     ) -> WorkReport:
         await asyncio.to_thread(_mine, work, work_id, worker)
         tail = clean_text(body.tail) if body.tail else None
-        changed = await asyncio.to_thread(work.report_exit, work_id, worker.id, body.code, tail)
+        changed = await asyncio.to_thread(
+            work.report_exit, work_id, worker.id, body.code, tail, lease_lapsed=body.lease_lapsed
+        )
         if changed:
             await waker.changed(worker.id)
         after = await asyncio.to_thread(_mine, work, work_id, worker)

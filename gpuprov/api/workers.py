@@ -12,24 +12,35 @@ runtime verdict), and its liveness (alive/lost, last seen, heartbeats, health, d
 token or a credential.
 
 A heartbeat is one database write (gpuprov/store/liveness.py), and for a reserved or busy worker one
-read of its current work; the API never talks to Temporal for it. It answers how long to wait
-for the next one (`[workers] heartbeat_interval_seconds`), whether the worker is draining, and
+read of its current work; the API talks to Temporal for it only when it changed what the job
+acts on (the worker's health verdict, or the cloud's notice about its machine: a reclaim must
+start the replacement at once, not at the next sweep). It answers how long to wait for the
+next one (`[workers] heartbeat_interval_seconds`), the node's lease (`[workers] lease_seconds`:
+a node that hears no answer for that long stops its work), whether the worker is draining, and
 its current work's id and whether that work is to stop, so a stop reaches the node within one
-interval. A revoked worker's heartbeat is refused (401) by its
-credential, with nothing written.
+interval. Each heartbeat records until when the node may still run work if it hears nothing
+more (`work_ends_by`: now, the lease, the stop grace period); a new attempt's work waits for
+it. A revoked worker's heartbeat is refused (401) by its credential, with nothing written.
 """
 
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from pydantic import Field, ValidationError
 
 from gpuprov.api.auth import BODY_REFUSALS, REFUSALS, require_operator, require_worker
-from gpuprov.config import WorkersSettings
-from gpuprov.models import WorkerCapabilities, WorkerList, WorkerSummary, capabilities_text
+from gpuprov.config import JobsSettings, WorkersSettings
+from gpuprov.models import (
+    NodeNotice,
+    WorkerCapabilities,
+    WorkerList,
+    WorkerSummary,
+    capabilities_text,
+)
 from gpuprov.store.db import WORKER_STATES, WorkerRecord
 from gpuprov.store.liveness import MAX_DETAIL, Liveness
 from gpuprov.store.records import Records
@@ -39,14 +50,19 @@ _STATES = "^(" + "|".join(WORKER_STATES) + ")$"
 
 
 class HeartbeatRequest(Model):
-    """The node's fresh GPU verdict: the registration probe plus `nvidia-smi -q`."""
+    """The node's fresh GPU verdict (the registration probe plus `nvidia-smi -q`) and the
+    cloud's notice about its machine, if its agent watches one and the cloud gave one."""
 
     healthy: bool
     detail: str | None = Field(default=None, max_length=MAX_DETAIL)
+    notice: NodeNotice | None = None
 
 
 class HeartbeatResponse(Model):
     interval_seconds: float  # when to send the next one
+    # The node's lease, counted from when it sent this heartbeat: with no answer for this
+    # long, it stops its work (SIGTERM, grace, SIGKILL) and reports the end when it can.
+    lease_seconds: float
     draining: bool
     state: str  # idle / reserved / busy
     work_id: str | None = None  # the worker's current work (GET /v1/work says what it is)
@@ -103,24 +119,36 @@ def _found(worker: WorkerRecord | None, worker_id: str) -> WorkerSummary:
 NOT_FOUND = {404: {"description": "no such worker, or it is revoked"}}
 
 
-def add_routes(app: FastAPI, settings: WorkersSettings) -> None:
+def add_routes(app: FastAPI, settings: WorkersSettings, jobs: JobsSettings) -> None:
     """The workers endpoints, on the app itself (its routes stay one flat list to inspect)."""
+    # The node keeps its work for at most its lease and then the stop grace period.
+    holds_work_for = timedelta(seconds=settings.lease + jobs.stop_grace_seconds)
 
     @app.post("/v1/workers/heartbeat", responses={**REFUSALS, **BODY_REFUSALS})
     async def heartbeat(
         body: HeartbeatRequest,
         worker: Annotated[WorkerRecord, Depends(require_worker)],
         liveness: Annotated[Liveness, Depends(_liveness)],
+        request: Request,
     ) -> HeartbeatResponse:
+        notice = body.notice.model_dump(mode="json") if body.notice is not None else None
         beat = await asyncio.to_thread(
-            liveness.heartbeat, worker.id, healthy=body.healthy, detail=body.detail
+            liveness.heartbeat,
+            worker.id,
+            healthy=body.healthy,
+            detail=body.detail,
+            holds_work_for=holds_work_for,
+            notice=notice,
         )
         if beat is None:  # revoked between the credential check and the write
             raise HTTPException(
                 401, "unknown or revoked worker credential", headers={"WWW-Authenticate": "Bearer"}
             )
+        if beat.changed and worker.job and beat.at is not None:  # what its job acts on now
+            await request.app.state.waker.tell(worker.id, worker.job, beat.at)
         return HeartbeatResponse(
             interval_seconds=settings.heartbeat_interval_seconds,
+            lease_seconds=settings.lease,
             draining=beat.draining,
             state=beat.state,
             work_id=beat.work_id,

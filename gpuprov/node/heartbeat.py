@@ -130,7 +130,7 @@ def heartbeat_forever(
             failures = 0
         interval = _interval(answer.get("interval_seconds"), interval)
         if runner is not None:
-            runner.heard(answer, interval)
+            runner.heard(answer, interval, sent_at=started)
         if bool(answer.get("draining")) != draining:
             draining = not draining
             log.info("draining: no new job will be placed here" if draining else "not draining")
@@ -167,5 +167,6 @@ def run(args: argparse.Namespace) -> int:
 
     runner = WorkRunner(call, state_dir)
     threading.Thread(target=runner.loop, name="work", daemon=True).start()
+    threading.Thread(target=runner.watch_lease, name="lease", daemon=True).start()
     log.info("heartbeating to %s", masked_url(url))
     return heartbeat_forever(url, credential, args.ca_file, registered, probe, runner)

@@ -19,6 +19,7 @@ from .workdir import (
     CGROUP_FILE,
     CURSOR_FILE,
     EXIT_FILE,
+    LEASE_LAPSED_FILE,
     PID_FILE,
     SPAWNING_FILE,
     STREAMS,
@@ -65,6 +66,14 @@ class Work:
 
     def file(self, name: str) -> str:
         return os.path.join(self.directory, name)
+
+    @property
+    def lease_lapsed(self) -> bool:
+        """This agent stopped the work because the node's lease lapsed."""
+        return os.path.exists(self.file(LEASE_LAPSED_FILE))
+
+    def note_lease_lapsed(self) -> None:
+        put(self.file(LEASE_LAPSED_FILE), "", os.O_CREAT)
 
     def spawn(self) -> None:
         """The supervisor, leading a new session (so a process group of its own) in a cgroup of

@@ -1,6 +1,10 @@
 """`WorkRunner`, the thread beside the heartbeats that runs the node's part of a job: reads the
 assignment, reports the start before starting it, ships the output, reports the end once all of
 it is through and the work's processes are gone, and follows a work again after a restart.
+
+Its second thread watches the node's lease (lease.py): a work whose node has been cut off from
+the API for longer is stopped (SIGTERM, the grace period, SIGKILL), and no work starts while
+the lease is over; the end is reported, with `lease_lapsed`, once the API can be reached again.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import time
 
 from .errors import AgentError
 from .http_client import MAX_PAUSE, backoff, until_through
+from .lease import Lease
 from .work import TAIL_CHARS, Work
 from .workdir import ASSIGNMENT_FILE, WORK_SUBDIR, read_json, write_json
 
@@ -22,6 +27,7 @@ log = logging.getLogger(__name__)
 WORK_POLL = 5.0  # seconds between reads of the assignment while reserved, busy or running
 SHIP_EVERY = 1.0  # seconds between sends of new output
 WORK_HTTP_TIMEOUT = 15.0
+LEASE_CHECK = 0.5  # seconds between looks at the lease while a work runs
 
 
 class WorkRunner:
@@ -36,9 +42,13 @@ class WorkRunner:
         self.watching = False  # the worker is reserved or busy: work may come
         self.poll_every, self.next_poll = WORK_POLL, 0.0
         self.wake, self.revoked = threading.Event(), threading.Event()
+        self.lease = Lease(state_dir)
 
-    def heard(self, answer: dict, interval: float) -> None:
-        """A heartbeat's answer (the heartbeat thread): a stop request reaches the work now."""
+    def heard(self, answer: dict, interval: float, sent_at: float | None = None) -> None:
+        """A heartbeat's answer (the heartbeat thread), to the heartbeat sent at `sent_at`
+        (time.monotonic()): it renews the lease, and a stop request reaches the work now."""
+        if sent_at is not None:
+            self.lease.renew(sent_at, answer.get("lease_seconds"))
         self.watching = answer.get("state") in ("reserved", "busy")
         self.poll_every = min(WORK_POLL, interval)
         work, work_id = self.work, answer.get("work_id")
@@ -63,6 +73,19 @@ class WorkRunner:
                 time.sleep(backoff(failures, MAX_PAUSE))
             self.wake.wait(SHIP_EVERY)
             self.wake.clear()
+
+    def watch_lease(self) -> None:
+        """The lease's watch (a thread of its own: the work runner may be stuck on a call to an
+        API that does not answer): a running work whose lease is over is stopped."""
+        while not self.revoked.wait(LEASE_CHECK):
+            work = self.work
+            if work is None or not work.spawned or work.lease_lapsed or not self.lease.lapsed():
+                continue
+            if work.running():
+                log.warning("work %s: no answer from the API within the lease: stopping it",
+                            work.id)  # fmt: skip
+                work.note_lease_lapsed()
+                work.stop()
 
     def shut_down(self) -> None:
         """The credential was refused: whatever still runs is stopped (nobody hears of it)."""
@@ -115,12 +138,16 @@ class WorkRunner:
         return None
 
     def _start(self, work: Work) -> None:
-        """Report the start, then start it. A refusal (stopped or given up before it started)
-        means it never starts."""
+        """Report the start, then start it, only within the lease (else: the next step tries
+        again). A refusal (stopped or given up before it started) means it never starts."""
+        if not self.lease.may_start():
+            return
         try:
             self._through(f"/v1/work/{work.id}/started", {}, "reporting the start")
         except AgentError as refused:
             return self._done(work, refused)
+        if not self.lease.may_start():  # the report took a while: a repeat of it is fine
+            return
         log.info("work %s: job %s rank %s: starting", work.id, work.assignment.get("job"),
                  work.assignment.get("rank"))  # fmt: skip
         work.spawn()
@@ -145,6 +172,8 @@ class WorkRunner:
         code, note = work.outcome()
         log.info("work %s: ended with %s", work.id, code)
         body = {"code": code, "tail": (work.tail + (f"\n{note}\n" if note else ""))[-TAIL_CHARS:]}
+        if work.lease_lapsed:
+            body["lease_lapsed"] = True
         try:
             self._through(f"/v1/work/{work.id}/exit", body, "reporting the end")
         except AgentError as refused:

@@ -15,6 +15,7 @@ PID_FILE = "pid"  # the supervisor's, which is the work's process group
 CGROUP_FILE = "cgroup"  # the work's own cgroup v2 directory ("" where none could be made)
 EXIT_FILE = "exit.json"  # the supervisor's last word: {"code", "phase"}
 CURSOR_FILE = "shipped.json"  # how far the output was sent, and the chunk being sent
+LEASE_LAPSED_FILE = "lease-lapsed"  # the agent stopped the work: its lease lapsed
 STREAMS = ("stdout", "stderr")  # and the files in the directory the work's output goes to
 
 

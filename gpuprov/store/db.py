@@ -267,6 +267,10 @@ class WorkerRecord(Table, table=True):
     draining: bool = _with_default(sa.Boolean(), False, sa.false())
     changed_at: datetime | None = _time(nullable=True)
     notified_at: datetime | None = _time(nullable=True)
+    # The lease (migration 0011): past `work_ends_by` a node that heard nothing more from the
+    # API has stopped its work; `notice` is the cloud's reclaim or maintenance notice it saw.
+    work_ends_by: datetime | None = _time(nullable=True)
+    notice: str | None = _text(nullable=True)  # its JSON, keys sorted: a repeat compares equal
 
 
 class WorkerCredential(Table, table=True):
@@ -329,6 +333,7 @@ class WorkRecord(Table, table=True):
     started_at: datetime | None = _time(nullable=True)
     ended_at: datetime | None = _time(nullable=True)
     updated_at: datetime = _time()
+    lease_lapsed: bool = _with_default(sa.Boolean(), False, sa.false())  # stopped by the node
 
 
 class LogChunk(Table, table=True):

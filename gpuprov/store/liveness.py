@@ -1,17 +1,19 @@
 """Reads and writes of the workers' liveness columns: heartbeats, lost workers, drains, removals,
 and which jobs must be woken because one of their workers changed.
 
-    heartbeat(worker, healthy, detail)  the API, per agent heartbeat: one UPDATE ... RETURNING,
-                                        and for a reserved or busy worker its current work
+    heartbeat(worker, healthy, ...)     the API, per agent heartbeat: one UPDATE ... RETURNING
+                                        (liveness, health, lease, the cloud's notice), and for a
+                                        reserved or busy worker its current work
     changed(worker)                     the API, when the worker's work moved on (started, ended)
     mark_lost(lost_after)               the sweep: alive workers silent for too long -> lost
     pending(limit) / notified(...)      the sweep: workers whose change their job was not told
     of_job(job, run)                    the job's local activity `job_workers`: the truth
     set_draining / remove               `gpuprov workers drain|undrain|remove` and the API
 
-A worker's `changed_at` moves when its liveness (alive/lost) or its health verdict
-(healthy/unhealthy) changes, when its work starts or ends, or when an operator removes it;
-heartbeats that change nothing only bump `last_seen_at` and the count. The sweep tells the
+A worker's `changed_at` moves when its liveness (alive/lost), its health verdict
+(healthy/unhealthy) or the cloud's notice about its machine changes, when its work starts or
+ends, or when an operator removes it; heartbeats that change nothing only bump `last_seen_at`,
+the count and the lease. The sweep tells the
 worker's job and records the `changed_at` it told about in `notified_at`, only if no newer
 change came in between (the API does the same when it tells the job itself). A change is
 pending while the two differ, so the pair needs no agreement between the clocks of API and
@@ -23,6 +25,7 @@ UPDATEs in the database. Returned rows are detached.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -45,7 +48,8 @@ class Beat:
 
     state: str
     draining: bool
-    changed: bool  # this heartbeat changed the worker's liveness or health
+    changed: bool  # this heartbeat changed the worker's liveness, health or notice
+    at: datetime | None = None  # when it was recorded (its `changed_at`, if it changed)
     work_id: str | None = None
     stop_requested: bool = False
 
@@ -69,7 +73,12 @@ def _heartbeat_statement() -> sa.Update:
     node, and building it anew cost more than running it."""
     now = sa.bindparam("now", type_=UtcDateTime())
     health = sa.bindparam("health", type_=sa.String())
-    changes = sa.or_(col(WorkerRecord.liveness) != "alive", col(WorkerRecord.health) != health)
+    notice = sa.bindparam("notice", type_=sa.Text())
+    changes = sa.or_(
+        col(WorkerRecord.liveness) != "alive",
+        col(WorkerRecord.health) != health,
+        col(WorkerRecord.notice).is_distinct_from(notice),
+    )
     return (
         sa.update(WorkerRecord)
         .where(
@@ -82,6 +91,8 @@ def _heartbeat_statement() -> sa.Update:
             liveness="alive",
             health=health,
             health_detail=sa.bindparam("detail", type_=sa.Text()),
+            work_ends_by=sa.bindparam("work_ends_by", type_=UtcDateTime()),
+            notice=notice,
             # Every SET expression reads the row as it was before this UPDATE.
             changed_at=sa.case((changes, now), else_=WorkerRecord.changed_at),
         )
@@ -107,16 +118,27 @@ class Liveness:
         self._current_work = _current_work_statement()
 
     def heartbeat(
-        self, worker_id: str, *, healthy: bool, detail: str | None, now: datetime | None = None
+        self,
+        worker_id: str,
+        *,
+        healthy: bool,
+        detail: str | None,
+        holds_work_for: timedelta | None = None,
+        notice: dict[str, Any] | None = None,
+        now: datetime | None = None,
     ) -> Beat | None:
-        """Record one heartbeat: last seen now, one more beat, alive, the given health. None
-        when the worker is revoked (or unknown): nothing is written then."""
+        """Record one heartbeat: last seen now, one more beat, alive, the given health, the
+        cloud's notice (None: none now), and `work_ends_by` now plus `holds_work_for` (the lease
+        it is granted and the stop grace period: None, no lease). None when the worker is
+        revoked (or unknown): nothing is written then, so a revoked worker's lease is final."""
         now = now or utcnow()
         values = {
             "worker_id": worker_id,
             "now": now,
             "health": "healthy" if healthy else "unhealthy",
             "detail": detail[:MAX_DETAIL] if detail else None,
+            "work_ends_by": now + holds_work_for if holds_work_for is not None else None,
+            "notice": json.dumps(notice, sort_keys=True) if notice else None,
         }
         with self.db.engine.begin() as connection:  # plain statements: no ORM session needed
             row = connection.execute(self._heartbeat, values).first()
@@ -130,6 +152,7 @@ class Liveness:
             state=state,
             draining=bool(draining),
             changed=changed_at == now,
+            at=now,
             work_id=work[0] if work else None,
             stop_requested=bool(work) and work[1] == WorkState.STOP_REQUESTED.value,
         )

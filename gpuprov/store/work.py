@@ -146,11 +146,26 @@ class WorkRecords:
             session.commit()
         return bool(changed)
 
-    def report_exit(self, work_id: str, worker_id: str, code: int, tail: str | None) -> bool:
-        """The work ended with `code`: exited by itself, or stopped if a stop was asked for.
-        A repeat, or a report for work already over, changes nothing (False)."""
+    def report_exit(
+        self,
+        work_id: str,
+        worker_id: str,
+        code: int,
+        tail: str | None,
+        *,
+        lease_lapsed: bool = False,
+    ) -> bool:
+        """The work ended with `code`: exited by itself, or stopped if a stop was asked for;
+        `lease_lapsed`: the node stopped it, cut off from the API past its lease. A repeat, or
+        a report for work already over, changes nothing (False)."""
         now = utcnow()
-        values = {"exit_code": code, "tail": tail, "ended_at": now, "updated_at": now}
+        values = {
+            "exit_code": code,
+            "tail": tail,
+            "ended_at": now,
+            "updated_at": now,
+            "lease_lapsed": lease_lapsed,
+        }
         with self.db.session() as session:
             stopped = session.exec(
                 sa.update(WorkRecord)
@@ -185,6 +200,7 @@ class WorkRecords:
                 state=WorkState(row.state),
                 exit_code=row.exit_code,
                 tail=row.tail[-4096:] if row.tail else None,
+                lease_lapsed=row.lease_lapsed,
             )
             for row in rows
         ]

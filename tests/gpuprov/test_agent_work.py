@@ -2,7 +2,8 @@
 run `-I -S` as on a node) against the real API over HTTP and a real database: setup then run
 under /bin/sh in a process group of its own, the output sent in order, the end reported with
 the last lines; never the same work twice, even across a restart of the agent; a lost control
-plane never stops the work; a stop is SIGTERM, the grace period, then SIGKILL."""
+plane never stops the work within the node's lease (test_agent_lease.py: past it); a stop is
+SIGTERM, the grace period, then SIGKILL."""
 
 from __future__ import annotations
 
@@ -39,8 +40,10 @@ pytestmark = [
 
 
 @asynccontextmanager
-async def api_on(records: Records, port: int) -> AsyncIterator[str]:
-    async with serving(create_app(records, workers=FAST, jobs=JOBS), "127.0.0.1", port):
+async def api_on(
+    records: Records, port: int, workers: WorkersSettings = FAST
+) -> AsyncIterator[str]:
+    async with serving(create_app(records, workers=workers, jobs=JOBS), "127.0.0.1", port):
         yield f"http://127.0.0.1:{port}"
 
 
@@ -174,7 +177,7 @@ async def test_a_restarted_agent_never_starts_the_work_again(records, tmp_path):
     assert f"work {work_id}: known from before a restart" in restarted.log
 
 
-async def test_a_lost_control_plane_never_stops_the_work_and_every_report_arrives(
+async def test_an_outage_within_the_lease_never_stops_the_work_and_every_report_arrives(
     records, tmp_path
 ):
     done = tmp_path / "done"
@@ -184,7 +187,9 @@ async def test_a_lost_control_plane_never_stops_the_work_and_every_report_arrive
     root = tmp_path / "node"
     install(root / "bin")
     token, port = vm_token(records), free_port()
-    async with api_on(records, port) as url:
+    # a lease far longer than the outage: the work goes on through it
+    within = FAST.model_copy(update={"lease_seconds": 600.0})
+    async with api_on(records, port, within) as url:
         daemon = start(root, sys.executable, "--token-file", str(join_env(root, url, token)))
         found = await until(lambda: records.workers_of_vms([VM]), "registration")
         [worker_id] = [row.id for row in found.values()]
@@ -193,7 +198,7 @@ async def test_a_lost_control_plane_never_stops_the_work_and_every_report_arrive
     try:
         await until(done.exists, "the work's end while the API is down")
         assert state(records).state is WorkState.STARTED
-        async with api_on(records, port):
+        async with api_on(records, port, within):
             row = await until(lambda: ended(records), "the reports, once the API is back")
             await until(lambda: len(output(records)) == 10, "all the output")
     finally:
@@ -201,6 +206,7 @@ async def test_a_lost_control_plane_never_stops_the_work_and_every_report_arrive
     assert (row.state, row.exit_code) == (WorkState.EXITED, 7)
     assert output(records) == [("stdout", f"line {i}") for i in range(1, 11)]
     assert "heartbeat failed" in daemon.log and "failed (1 in a row)" in daemon.log
+    assert not row.lease_lapsed and "within the lease" not in daemon.log
 
 
 async def test_a_stop_is_sigterm_then_sigkill_after_the_grace_period(records, tmp_path):

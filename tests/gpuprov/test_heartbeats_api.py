@@ -42,6 +42,7 @@ async def test_a_heartbeat_is_recorded_and_answers_the_interval(
     assert beat.status_code == 200, beat.text
     assert beat.json() == {
         "interval_seconds": 7.5,
+        "lease_seconds": 20.0,  # lease_seconds unset: lost_after_seconds
         "draining": False,
         "state": "reserved",
         "work_id": None,  # no work given to it yet
@@ -49,6 +50,9 @@ async def test_a_heartbeat_is_recorded_and_answers_the_interval(
     }
     row = records.get_worker(worker["worker_id"])
     assert row is not None and row.heartbeats == 1 and row.changed_at is None
+    assert row.last_seen_at is not None and row.work_ends_by is not None
+    # it keeps its work for at most the lease (20 s) and the stop grace period (30 s)
+    assert (row.work_ends_by - row.last_seen_at).total_seconds() == 50
     detail = "GPU 00000000:A8:00.0 is lost (fallen off the bus, Xid 79)"
     sick = await api.post(HEARTBEAT, json={"healthy": False, "detail": detail}, headers=credential)
     assert sick.status_code == 200, sick.text

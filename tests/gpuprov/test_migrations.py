@@ -84,7 +84,7 @@ def test_upgrade_creates_exactly_the_tables(empty: Database):
 
     assert set(sa.inspect(empty.engine).get_table_names()) == TABLES | {"alembic_version"}
     assert {table.name for table in metadata.sorted_tables} == TABLES
-    assert empty.current_revision() == head() == "0010_runs"
+    assert empty.current_revision() == head() == "0011_leases"
     described = schema(empty)
     assert ("uq_vms_vm", ("vm",)) in described["vms"]["unique"]
     assert ("uq_blocks_scope_key", ("scope", "key")) in described["blocks"]["unique"]
@@ -485,3 +485,35 @@ def test_the_runs_migration_tells_each_rows_run_by_its_machine_and_goes_back(emp
     empty.downgrade("0009_vm_fences")
     assert schema(empty) == before
     assert rows("SELECT job, kept_bytes, dropped_bytes FROM log_usage") == [("train", 49, 100)]
+
+
+def test_0011_gives_workers_a_lease_and_a_notice_and_keeps_their_rows(empty: Database):
+    empty.upgrade("0010_runs")
+    now = utcnow()
+    with empty.engine.begin() as connection:
+        connection.execute(
+            sa.text(
+                "INSERT INTO workers (id, origin, capabilities, state, registered_at, updated_at) "
+                "VALUES ('k1', 'managed', '{}', 'busy', :now, :now)"
+            ),
+            {"now": now},
+        )
+        connection.execute(
+            sa.text(
+                "INSERT INTO work (id, job, epoch, node_rank, worker_id, command, state, "
+                "created_at, updated_at) VALUES ('w1', 'train', 0, 0, 'k1', '{}', 'started', "
+                ":now, :now)"
+            ),
+            {"now": now},
+        )
+    before = schema(empty)
+
+    empty.upgrade("0011_leases")
+
+    with empty.engine.connect() as connection:
+        worker = connection.exec_driver_sql("SELECT work_ends_by, notice FROM workers").one()
+        work = connection.exec_driver_sql("SELECT lease_lapsed FROM work").one()
+    assert tuple(worker) == (None, None)  # no lease heard yet: nothing to wait out
+    assert not work[0]
+    empty.downgrade("0010_runs")
+    assert schema(empty) == before
