@@ -20,7 +20,8 @@ after every reboot:
                   API that does not answer, or a truncated or tampered archive, fails the start
                   (the agent never runs, the join token stays unspent)
     ExecStart     /usr/bin/python3 -I -S <agent.pyz> run --url <api> --token-file <join.env>
-                  --state-dir /var/lib/gpuprov [--ca-file <ca>]
+                  --state-dir /var/lib/gpuprov [--notices ec2|gce] [--ca-file <ca>]
+                  (`--notices`: EC2 and GCE publish notices about the machine in its metadata)
     Restart       on failure, every 15 s (an API that is down, a network not up yet, an archive
                   refused), but not after the agent's exit 2 (refused for good: a used or
                   expired token)
@@ -36,6 +37,7 @@ from the root-only file, never from the command line or the unit's environment.
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 
 from providers import agent_artifact
 
@@ -53,10 +55,31 @@ RESTART_SECONDS = 15
 EXIT_REFUSED = 2  # gpuprov/node/cli.py: an error that retrying cannot fix
 
 
-def agent_argv(api_url: str, ca: bool) -> list[str]:
+@dataclass(frozen=True)
+class NoticeSource:
+    """Where a cloud's machines read its notices about them (a reclaim, a maintenance): the
+    agent's `--notices` ("ec2", "gce"; "none": the cloud publishes none) and, for the fake
+    cloud's tests only, `--metadata-url` (a metadata server on loopback)."""
+
+    cloud: str = "none"
+    metadata_url: str | None = None
+
+    def argv(self) -> list[str]:
+        if self.cloud == "none":
+            return []
+        url = ["--metadata-url", self.metadata_url] if self.metadata_url else []
+        return ["--notices", self.cloud, *url]
+
+
+NO_NOTICES = NoticeSource()
+EC2_NOTICES = NoticeSource("ec2")
+GCE_NOTICES = NoticeSource("gce")
+
+
+def agent_argv(api_url: str, ca: bool, notices: NoticeSource = NO_NOTICES) -> list[str]:
     """How the unit runs the agent (`run`: register once, then heartbeat)."""
     argv = [PYTHON, "-I", "-S", AGENT_PATH, "run", "--url", api_url]
-    argv += ["--token-file", JOIN_ENV_PATH, "--state-dir", STATE_DIR]
+    argv += ["--token-file", JOIN_ENV_PATH, "--state-dir", STATE_DIR, *notices.argv()]
     return argv + (["--ca-file", CA_PATH] if ca else [])
 
 
@@ -70,7 +93,7 @@ def agent_url(api_url: str) -> str:
     return api_url.rstrip("/") + AGENT_ROUTE
 
 
-def unit(api_url: str, ca: bool) -> str:
+def unit(api_url: str, ca: bool, notices: NoticeSource = NO_NOTICES) -> str:
     """The systemd unit that keeps the agent running. `api_url` must hold no control
     character (providers/userdata.py refuses one)."""
     return "\n".join(
@@ -83,7 +106,7 @@ def unit(api_url: str, ca: bool) -> str:
             "[Service]",
             "Type=simple",
             f"ExecStartPre={command_line(fetch_argv(api_url, agent_artifact.sha256(), ca))}",
-            f"ExecStart={command_line(agent_argv(api_url, ca))}",
+            f"ExecStart={command_line(agent_argv(api_url, ca, notices))}",
             "Restart=on-failure",
             f"RestartSec={RESTART_SECONDS}",
             # The agent's exit 2: refused for good (a used or expired token, a CA that does not

@@ -43,6 +43,7 @@ from providers import agent_artifact, node_agent
 from providers.base import InstanceSpec
 from providers.errors import BlockScope, ErrorKind, ProviderError
 from providers.node_agent import JOIN_ENV_PATH as JOIN_ENV_PATH  # re-exported (tests)
+from providers.node_agent import NO_NOTICES, NoticeSource
 
 # cloud-init's first-line markers -> the MIME subtype of that part (text/<subtype>). Longer
 # markers first: "#cloud-config-archive" also starts with "#cloud-config".
@@ -62,25 +63,30 @@ MERGE_HOW = [
 ]
 
 
-def user_data(spec: InstanceSpec, *, max_bytes: int, cloud: str) -> str | None:
-    """The user data to create `spec` with, or None when there is nothing to pass.
+def user_data(
+    spec: InstanceSpec, *, max_bytes: int, cloud: str, notices: NoticeSource = NO_NOTICES
+) -> str | None:
+    """The user data to create `spec` with, or None when there is nothing to pass. `notices`:
+    where its agent watches the cloud's notices about the machine (node_agent.NoticeSource).
 
     Unavailable (for the provider) when it exceeds `max_bytes` (UTF-8), `cloud`'s limit;
     InvalidRequest when it is not UTF-8 text."""
-    document = _document(spec)
+    document = _document(spec, notices)
     if document is None:
         return None
     _fits(len(_utf8(document, spec.vm)), max_bytes, cloud, spec.vm)
     return document
 
 
-def compressed_user_data(spec: InstanceSpec, *, max_bytes: int, cloud: str) -> bytes | None:
+def compressed_user_data(
+    spec: InstanceSpec, *, max_bytes: int, cloud: str, notices: NoticeSource = NO_NOTICES
+) -> bytes | None:
     """As `user_data`, as bytes, for a cloud whose limit counts raw bytes and that passes them
     to cloud-init unchanged (EC2): gzip-compressed when it carries the bootstrap (about 2 KB
     then, with a CA) or the plain document is over `max_bytes`.
     cloud-init reads gzip user data on every data source ("Compression" in its user-data
     formats); the same document always gives the same bytes (no timestamp in the header)."""
-    document = _document(spec)
+    document = _document(spec, notices)
     if document is None:
         return None
     raw = _utf8(document, spec.vm)
@@ -90,7 +96,7 @@ def compressed_user_data(spec: InstanceSpec, *, max_bytes: int, cloud: str) -> b
     return raw
 
 
-def _document(spec: InstanceSpec) -> str | None:
+def _document(spec: InstanceSpec, notices: NoticeSource) -> str | None:
     own = spec.user_data or None
     if own is not None:
         _utf8(own, spec.vm)
@@ -99,7 +105,7 @@ def _document(spec: InstanceSpec) -> str | None:
     # The bootstrap part goes last and says how to merge: cloud-init merges each part onto
     # the ones before it, by default replacing lists, so a spec whose own cloud-config has
     # write_files or runcmd would otherwise drop (or be dropped by) the agent's.
-    return _multipart([*([own] if own else []), bootstrap_cloud_config(spec)])
+    return _multipart([*([own] if own else []), bootstrap_cloud_config(spec, notices)])
 
 
 def _fits(size: int, max_bytes: int, cloud: str, vm: str) -> None:
@@ -111,7 +117,7 @@ def _fits(size: int, max_bytes: int, cloud: str, vm: str) -> None:
         )
 
 
-def bootstrap_cloud_config(spec: InstanceSpec) -> str:
+def bootstrap_cloud_config(spec: InstanceSpec, notices: NoticeSource = NO_NOTICES) -> str:
     """The cloud-config that fetches, pins and starts the node agent (holds the join token)."""
     assert spec.bootstrap is not None
     boot = spec.bootstrap
@@ -129,7 +135,9 @@ def bootstrap_cloud_config(spec: InstanceSpec) -> str:
         _file(JOIN_ENV_PATH, "0600", content=env),
         _file(node_agent.FETCH_PATH, "0644", content=agent_artifact.fetch_source().decode()),
         _file(
-            node_agent.UNIT_PATH, "0644", content=node_agent.unit(boot.api_url, bool(boot.ca_pem))
+            node_agent.UNIT_PATH,
+            "0644",
+            content=node_agent.unit(boot.api_url, bool(boot.ca_pem), notices),
         ),
     ]
     if boot.ca_pem:

@@ -1,6 +1,7 @@
 """`run`, the daemon: register once unless a credential is kept (retrying for as long as the
 API is out of reach), then heartbeat at the interval the API answers, each with a fresh
-verdict, and run the node's work beside it (work_runner.py) until the credential is refused
+verdict and the cloud's latest notice about the machine (notices.py, where `--notices` names a
+cloud), and run the node's work beside it (work_runner.py) until the credential is refused
 (exit 0) or SIGTERM (systemd stopping the unit).
 """
 
@@ -35,6 +36,7 @@ from .http_client import (
     until_through,
 )
 from .join_token import TOKEN_ENV, URL_ENV, JoinSecret, read_join_secret
+from .notices import NoticeWatcher
 from .probe import capabilities_of, check_gpu_runtime
 from .smi import SMI_TIMEOUT
 from .work_runner import WORK_HTTP_TIMEOUT, WorkRunner
@@ -103,6 +105,8 @@ def heartbeat_forever(
             log.info("health: %s", "healthy" if health.healthy else f"UNHEALTHY: {health.detail}")
             last = health
         body = {"healthy": health.healthy, "detail": health.detail}
+        if runner is not None and runner.notice is not None:
+            body["notice"] = runner.notice
         try:
             answer = call_api(
                 url,
@@ -134,7 +138,11 @@ def heartbeat_forever(
         if bool(answer.get("draining")) != draining:
             draining = not draining
             log.info("draining: no new job will be placed here" if draining else "not draining")
-        time.sleep(max(0.0, started + interval - time.monotonic()))
+        pause = max(0.0, started + interval - time.monotonic())
+        if runner is None:
+            time.sleep(pause)
+        elif runner.news.wait(pause):  # a notice came: the control plane hears of it now
+            runner.news.clear()
 
 
 def run(args: argparse.Namespace) -> int:
@@ -168,5 +176,14 @@ def run(args: argparse.Namespace) -> int:
     runner = WorkRunner(call, state_dir)
     threading.Thread(target=runner.loop, name="work", daemon=True).start()
     threading.Thread(target=runner.watch_lease, name="lease", daemon=True).start()
+    source = getattr(args, "notices", "none") or "none"
+    if source != "none":
+        watcher = NoticeWatcher(source, getattr(args, "metadata_url", None))
+        watching = threading.Thread(
+            target=watcher.watch, args=(runner.noticed, runner.revoked), name="notices"
+        )
+        watching.daemon = True
+        watching.start()
+        log.info("watching %s's notices about this machine", source)
     log.info("heartbeating to %s", masked_url(url))
     return heartbeat_forever(url, credential, args.ca_file, registered, probe, runner)

@@ -20,6 +20,7 @@ from .workdir import (
     CURSOR_FILE,
     EXIT_FILE,
     LEASE_LAPSED_FILE,
+    NOTICE_FILE,
     PID_FILE,
     SPAWNING_FILE,
     STREAMS,
@@ -34,6 +35,7 @@ log = logging.getLogger(__name__)
 CHUNK_BYTES = 32 * 1024  # per log call: well inside the API's 64 KiB body, JSON-escaped
 STOP_GRACE = 30.0  # SIGTERM, this long, SIGKILL (the assignment says how long)
 UNKNOWN_EXIT = -1  # the work ended, and nobody saw how
+NOTICE_ENV = "GPUPROV_NOTICE_FILE"  # in the work's environment: where the cloud's notice goes
 TAIL_CHARS = 4000
 
 
@@ -75,6 +77,15 @@ class Work:
     def note_lease_lapsed(self) -> None:
         put(self.file(LEASE_LAPSED_FILE), "", os.O_CREAT)
 
+    def hear_notice(self, notice: dict, seconds_left: float | None) -> None:
+        """The cloud takes the machine back: the notice goes where the work reads it
+        ($GPUPROV_NOTICE_FILE), then SIGTERM, with the time left before the cloud acts (if it
+        said, and if longer) as the grace period before SIGKILL."""
+        write_json(self.file(NOTICE_FILE), notice)
+        if seconds_left is not None and seconds_left > self.grace:
+            self.grace = seconds_left
+        self.stop()
+
     def spawn(self) -> None:
         """The supervisor, leading a new session (so a process group of its own) in a cgroup of
         its own, with the work's environment and mark; noted before (spawning) and after
@@ -83,7 +94,13 @@ class Work:
         self.spawned = True
         self.cgroup = new_cgroup("gpuprov-" + self.id)
         put(self.file(CGROUP_FILE), self.cgroup, os.O_CREAT)
-        env = work_env({**(self.assignment["command"].get("env") or {}), WORK_MARK: self.id})
+        env = work_env(
+            {
+                **(self.assignment["command"].get("env") or {}),
+                WORK_MARK: self.id,
+                NOTICE_ENV: self.file(NOTICE_FILE),  # written only once a notice comes
+            }
+        )
         argv = [*self_argv(), "supervise"]
         put(self.file("supervisor.log"), "", os.O_CREAT)  # 0600 before it is opened
         with open(self.file("supervisor.log"), "ab") as output:

@@ -5,11 +5,18 @@ it is through and the work's processes are gone, and follows a work again after 
 Its second thread watches the node's lease (lease.py): a work whose node has been cut off from
 the API for longer is stopped (SIGTERM, the grace period, SIGKILL), and no work starts while
 the lease is over; the end is reported, with `lease_lapsed`, once the API can be reached again.
+
+The cloud's notices (notices.py, on a thread of their own) reach it through `noticed`: the
+heartbeats carry the most urgent one, and one that says the machine goes away is written to the
+work's notice file ($GPUPROV_NOTICE_FILE) before the work gets SIGTERM, with the time left
+before the cloud acts as its grace period; no work starts on such a machine.
 """
 
 from __future__ import annotations
 
+import calendar
 import contextlib
+import datetime
 import logging
 import os
 import shutil
@@ -43,6 +50,8 @@ class WorkRunner:
         self.poll_every, self.next_poll = WORK_POLL, 0.0
         self.wake, self.revoked = threading.Event(), threading.Event()
         self.lease = Lease(state_dir)
+        self.notice: dict | None = None  # the cloud's most urgent notice now, for heartbeats
+        self.news = threading.Event()  # a heartbeat should go now: a notice came or changed
 
     def heard(self, answer: dict, interval: float, sent_at: float | None = None) -> None:
         """A heartbeat's answer (the heartbeat thread), to the heartbeat sent at `sent_at`
@@ -73,6 +82,21 @@ class WorkRunner:
                 time.sleep(backoff(failures, MAX_PAUSE))
             self.wake.wait(SHIP_EVERY)
             self.wake.clear()
+
+    def noticed(self, notices: list) -> None:
+        """The cloud's notices changed (most urgent first; the notice watcher's thread)."""
+        self.notice = notices[0] if notices else None
+        self.news.set()
+        work = self.work
+        if work is not None and work.spawned and ends_the_machine(self.notice):
+            self._hand_notice(work)
+
+    def _hand_notice(self, work: Work) -> None:
+        notice = self.notice
+        if notice is None or not work.running():
+            return
+        log.warning("work %s: %s: stopping it", work.id, notice.get("detail") or notice)
+        work.hear_notice(notice, seconds_until(notice.get("deadline")))
 
     def watch_lease(self) -> None:
         """The lease's watch (a thread of its own: the work runner may be stuck on a call to an
@@ -140,8 +164,8 @@ class WorkRunner:
     def _start(self, work: Work) -> None:
         """Report the start, then start it, only within the lease (else: the next step tries
         again). A refusal (stopped or given up before it started) means it never starts."""
-        if not self.lease.may_start():
-            return
+        if not self.lease.may_start() or ends_the_machine(self.notice):
+            return  # (on a machine the cloud takes back, the job starts its work elsewhere)
         try:
             self._through(f"/v1/work/{work.id}/started", {}, "reporting the start")
         except AgentError as refused:
@@ -192,3 +216,29 @@ class WorkRunner:
 
     def _through(self, path: str, body: dict, what: str) -> dict:
         return until_through(lambda: self.call(path, body, what), what)
+
+
+# A GCE maintenance that stops the machine (GPU machines cannot live-migrate) ends the work as
+# surely as a reclaim.
+STOPPING_MAINTENANCE = "TERMINATE_ON_HOST_MAINTENANCE"
+
+
+def ends_the_machine(notice: dict | None) -> bool:
+    """Whether a notice says the cloud takes the machine away."""
+    return notice is not None and (
+        notice.get("kind") == "reclaim" or notice.get("action") == STOPPING_MAINTENANCE
+    )
+
+
+def seconds_until(deadline: object) -> float | None:
+    """Seconds from now until an ISO-8601 time (None: none, or unreadable)."""
+    if not isinstance(deadline, str):
+        return None
+    try:
+        when = datetime.datetime.fromisoformat(deadline.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    # a time without an offset is UTC (calendar.timegm reads it so on every Python the agent
+    # runs on)
+    at = calendar.timegm(when.timetuple()) if when.tzinfo is None else when.timestamp()
+    return at - time.time()

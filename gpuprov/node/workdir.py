@@ -16,6 +16,7 @@ CGROUP_FILE = "cgroup"  # the work's own cgroup v2 directory ("" where none coul
 EXIT_FILE = "exit.json"  # the supervisor's last word: {"code", "phase"}
 CURSOR_FILE = "shipped.json"  # how far the output was sent, and the chunk being sent
 LEASE_LAPSED_FILE = "lease-lapsed"  # the agent stopped the work: its lease lapsed
+NOTICE_FILE = "notice.json"  # the cloud's notice that it takes the machine back, for the work
 STREAMS = ("stdout", "stderr")  # and the files in the directory the work's output goes to
 
 

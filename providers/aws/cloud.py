@@ -58,6 +58,7 @@ from providers.base import (
     compatibility_reasons,
 )
 from providers.errors import ErrorKind, ProviderError, redact
+from providers.node_agent import EC2_NOTICES
 from providers.settings import capabilities_from
 from providers.userdata import compressed_user_data
 
@@ -296,7 +297,9 @@ class AwsCloud(CloudProvider):
             # A node that powers itself off is gone, not a stopped machine still billing EBS.
             params["InstanceInitiatedShutdownBehavior"] = "terminate"
         # Bytes: botocore base64-encodes them; gzip-compressed past EC2's limit.
-        document = compressed_user_data(spec, max_bytes=MAX_USER_DATA_BYTES, cloud="EC2")
+        document = compressed_user_data(
+            spec, max_bytes=MAX_USER_DATA_BYTES, cloud="EC2", notices=EC2_NOTICES
+        )
         if document is not None:
             params["UserData"] = document
         return params

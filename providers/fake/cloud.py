@@ -69,6 +69,7 @@ from providers.fake.agent import (
 )
 from providers.fake.config import GPU_FAULTS, FakeInstanceType, FakeProviderConfig, FaultRule
 from providers.fake.state import FakeCloudState, InstanceRow
+from providers.node_agent import NoticeSource
 from providers.settings import capabilities_from
 from providers.userdata import user_data
 
@@ -184,7 +185,7 @@ class FakeCloud(CloudProvider):
             boot_mode=BOOT_MODES.get(effect, "normal"),
             api_url=spec.bootstrap.api_url if spec.bootstrap else None,
             join_token=spec.bootstrap.join_token if spec.bootstrap else None,
-            user_data=user_data(spec, max_bytes=USER_DATA_LIMIT, cloud="fake") if real else None,
+            user_data=self._user_data(spec) if real else None,
             fault_after=fault.delay_seconds if fault and effect in GPU_FAULTS else 0.0,
             image=spec.image,
             ports=spec.ports,
@@ -221,6 +222,11 @@ class FakeCloud(CloudProvider):
 
     def sweep_regions(self) -> list[str]:
         return [region.name for region in self.config.regions]
+
+    def _user_data(self, spec: InstanceSpec) -> str | None:
+        """What a cloud with user data gets, its agent watching notices where configured."""
+        notices = NoticeSource(self.config.notices, self.config.notices_url)
+        return user_data(spec, max_bytes=USER_DATA_LIMIT, cloud="fake", notices=notices)
 
     async def delete(self, location: Location, vm: str, ids: list[str]) -> None:
         await self._enter("delete", region=location.region, vm=vm)

@@ -127,6 +127,10 @@ class FakeProviderConfig(ProviderSettings):
     # the captured nvidia-smi outputs its stub replays (None: providers/fake/nvidia_smi/).
     agent_root: str | None = None
     nvidia_smi_fixtures: str | None = None
+    # The real agent watches a metadata server as EC2's or GCE's machines do (`--notices`),
+    # at `notices_url` (a test's server on loopback): a reclaim notice is seen on the node.
+    notices: Literal["none", "ec2", "gce"] = "none"
+    notices_url: str | None = None
     faults: list[FaultRule] = Field(default_factory=list)
     # What this fake declares it cannot do (Capabilities.unsupported, e.g. ["image", "ports"]):
     # the core then refuses its offers to a job asking for it, as it would a real cloud's.

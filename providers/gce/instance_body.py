@@ -24,6 +24,7 @@ from providers.base import InstanceSpec, Offer
 from providers.gce.auth import SCOPES
 from providers.gce.config import GceConfig
 from providers.gce.identity import VM_METADATA_KEY, network_tag, user_labels
+from providers.node_agent import GCE_NOTICES
 from providers.userdata import user_data
 
 MAX_USER_DATA_BYTES = 256 * 1024  # Compute Engine's limit on one metadata value
@@ -109,6 +110,8 @@ def _metadata(config: GceConfig, spec: InstanceSpec) -> list[dict[str, str]]:
     items = [{"key": VM_METADATA_KEY, "value": spec.vm}]
     if spec.ssh_public_key:
         items.append({"key": "ssh-keys", "value": f"{config.ssh_user}:{spec.ssh_public_key}"})
-    if document := user_data(spec, max_bytes=MAX_USER_DATA_BYTES, cloud="GCE metadata"):
+    if document := user_data(
+        spec, max_bytes=MAX_USER_DATA_BYTES, cloud="GCE metadata", notices=GCE_NOTICES
+    ):
         items.append({"key": "user-data", "value": document})
     return items
