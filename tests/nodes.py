@@ -43,6 +43,7 @@ from tests.sshd import TestServer, free_port, running_asyncssh_server
 NODE_DIRS = ("/usr/local/lib/gpuprov", "/etc/gpuprov", "/var/lib/gpuprov")
 SESSION_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 AGENT_TIMEOUT = 120
+RUN_ONLY = ("--notices", "--metadata-url")  # `run`'s options, each with its value
 
 
 @dataclass
@@ -73,9 +74,13 @@ class CloudInitNode:
         return self.root / node_path.lstrip("/")
 
     def register_argv(self) -> list[str]:
-        """ExecStart with `register` (once) in place of the `run` daemon."""
+        """ExecStart with `register` (once) in place of the `run` daemon, without the options
+        only the daemon has (the cloud's notices it watches)."""
         argv = list(self.start_argv)
         argv[argv.index("run")] = "register"
+        for option in RUN_ONLY:
+            if option in argv:
+                del argv[argv.index(option) : argv.index(option) + 2]
         return argv
 
     async def start(self, path: str) -> subprocess.CompletedProcess[str]:

@@ -41,6 +41,13 @@ def _parser() -> argparse.ArgumentParser:
     daemon.add_argument(
         "--delete-token-file", action="store_true", help="remove it once registered"
     )
+    daemon.add_argument(
+        "--notices",
+        choices=("none", "ec2", "gce"),
+        default="none",
+        help="watch this cloud's instance metadata for reclaim and maintenance notices",
+    )
+    daemon.add_argument("--metadata-url", help=argparse.SUPPRESS)  # tests: a loopback server
     for command in (probe_command, reg, daemon):
         command.add_argument("--disk-path", default="/", help="filesystem reported as disk_gb")
         command.add_argument("--smi-timeout", type=float, default=SMI_TIMEOUT, metavar="SECONDS")

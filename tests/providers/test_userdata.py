@@ -233,3 +233,22 @@ def test_line_ends_reach_cloud_init_as_the_spec_wrote_them():
     text = "#!/bin/sh\r\necho hi\r\n"
     (part, _) = parts(build(spec(user_data=text, bootstrap=BOOT)))
     assert text_of(part) == text
+
+
+@pytest.mark.parametrize(
+    ("notices", "argv"),
+    [
+        (node_agent.NO_NOTICES, []),
+        (node_agent.EC2_NOTICES, ["--notices", "ec2"]),
+        (node_agent.GCE_NOTICES, ["--notices", "gce"]),
+    ],
+)
+def test_a_node_on_ec2_or_gce_watches_its_clouds_notices_and_the_others_none(notices, argv):
+    document = user_data(spec(bootstrap=BOOT), max_bytes=LIMIT, cloud="T", notices=notices)
+    (part,) = parts(document)
+    unit = bootstrap_files(text_of(part))[node_agent.UNIT_PATH]["content"]
+    start = node_agent.unit_command(unit, "ExecStart")
+    watched = start[start.index("--notices") :][:2] if "--notices" in start else []
+    assert watched == argv
+    assert "--metadata-url" not in start  # only the fake cloud's tests point it elsewhere
+

@@ -188,6 +188,8 @@ async def test_create_launches_one_tagged_instance_with_the_bootstrap_as_user_da
     assert "GPUPROV_JOIN_TOKEN=tok-s3cret" in files["/etc/gpuprov/join.env"]["content"]
     assert files["/etc/gpuprov/join.env"]["permissions"] == "0600"
     assert node_agent.FETCH_PATH in files and node_agent.UNIT_PATH in files
+    start = node_agent.unit_command(files[node_agent.UNIT_PATH]["content"], "ExecStart")
+    assert "--notices ec2" in " ".join(start)  # the agent watches IMDSv2's spot notices
     assert cloudinit.schema_errors(read.config) == ""
     stored = ec2(front.upstream).describe_instance_attribute(
         InstanceId=ids[0], Attribute="userData"

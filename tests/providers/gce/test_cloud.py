@@ -225,6 +225,7 @@ async def test_create_delivers_keys_user_data_and_bootstrap_in_the_metadata(api,
     texts = [p.get_payload(decode=True).decode() for p in parts]
     assert [p.get_content_subtype() for p in parts] == ["cloud-config", "cloud-config"]
     assert TOKEN in texts[1] and "/etc/gpuprov/join.env" in texts[1]
+    assert "--notices gce" in texts[1]  # the agent watches the metadata's preemption flag
     assert texts[0] == "#cloud-config\n"
     assert set(items) == {"gpuprov-vm", "ssh-keys", "user-data"}  # the token in one place only
     # What cloud-init makes of it: the agent, pinned, and the unit that starts it.
