@@ -20,6 +20,24 @@ from .workdir import (
 )
 
 
+def _phase(script: str, out: int, err: int, stops: list) -> int:
+    """One phase, `/bin/sh -c script`, started with no stop recorded, and its exit status.
+
+    The group's SIGTERM reaches the shell only once the shell is in the group and has exec'd.
+    One that lands while it is being started, after the check that let the phase start and
+    before the fork (the shell is not in the group yet), or between the fork and exec (the
+    child still has this process's handler, and the signal ends with it), reaches this process
+    alone: the shell would run on until SIGKILL. Such a stop is recorded by the time Popen
+    returns, and passed on to the shell then."""
+    shell = subprocess.Popen(["/bin/sh", "-c", script], stdin=subprocess.DEVNULL, stdout=out,
+                             stderr=err)  # fmt: skip
+    if stops:
+        # One that landed in the moment between exec and here reached the shell as well, which
+        # gets a second copy then, having only just started; the others never got one.
+        shell.send_signal(stops[0])
+    return shell.wait()
+
+
 def supervise(work_dir: str) -> int:
     """`agent.py supervise DIR`, which the agent starts (never a person): the leader of the
     work's process group. setup, then run, each `/bin/sh -c` (a non-login shell), their output
@@ -37,8 +55,7 @@ def supervise(work_dir: str) -> int:
     code, phase = 0, "run"
     for phase in ("setup", "run"):
         if command.get(phase) and not stops:
-            shell = ["/bin/sh", "-c", command[phase]]
-            code = subprocess.call(shell, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+            code = _phase(command[phase], out, err, stops)
         if stops and not code:
             code = -stops[0]
         if code:

@@ -61,6 +61,10 @@ class Work:
         self.process: subprocess.Popen | None = None  # the supervisor, if this agent started it
         self.spawned = os.path.exists(self.file(SPAWNING_FILE))
         self.stopping = self.killed = False
+        # Held to poll the supervisor and to begin a stop: the heartbeat thread (a stop), the
+        # timer (the SIGKILL) and the runner all ask. Unheld, Popen.poll answers "running" to
+        # the second caller while the first is waiting on it, and two stops send two SIGTERMs.
+        self.lock = threading.RLock()
         self.cursor = read_json(self.file(CURSOR_FILE)) or {"seq": 0, "stdout": 0, "stderr": 0}
         self.tail = ""
         self.cgroup = read_file(self.file(CGROUP_FILE))
@@ -114,7 +118,8 @@ class Work:
 
     def running(self) -> bool:
         if self.process is not None:
-            return self.process.poll() is None
+            with self.lock:
+                return self.process.poll() is None
         if self.killed or self.pgid is None or os.path.exists(self.file(EXIT_FILE)):
             return False
         try:
@@ -137,9 +142,10 @@ class Work:
 
     def stop(self) -> None:
         """SIGTERM to the process group; SIGKILL once the grace period has passed."""
-        if self.stopping or not self.running():
-            return
-        self.stopping = True
+        with self.lock:
+            if self.stopping or not self.running():
+                return
+            self.stopping = True
         log.info("work %s: stop requested: SIGTERM, SIGKILL in %gs", self.id, self.grace)
         self.signal(signal.SIGTERM)
         timer = threading.Timer(self.grace, self._kill)
@@ -149,8 +155,8 @@ class Work:
     def _kill(self) -> None:
         if self.running():
             log.warning("work %s: still running after %gs: SIGKILL", self.id, self.grace)
+            self.killed = True  # first: the runner reads the outcome once the group is gone
             self.end()
-            self.killed = True
 
     def outcome(self) -> tuple:
         """(exit code, a line for the tail or "") once the work has ended."""
