@@ -23,7 +23,14 @@ from gpuprov.config import JobsSettings, WorkersSettings
 from gpuprov.models import WorkState
 from gpuprov.node.credentials import CREDENTIAL_FILE
 from gpuprov.node.processes import WORK_MARK
-from gpuprov.node.workdir import ASSIGNMENT_FILE, CURSOR_FILE, PID_FILE, WORK_SUBDIR
+from gpuprov.node.work import NOTICE_ENV
+from gpuprov.node.workdir import (
+    ASSIGNMENT_FILE,
+    CURSOR_FILE,
+    NOTICE_FILE,
+    PID_FILE,
+    WORK_SUBDIR,
+)
 from gpuprov.store.logs import Lines, LogRecords
 from gpuprov.store.records import Records
 from gpuprov.store.work import Assignment, RunCommand, WorkRecords
@@ -141,8 +148,11 @@ async def test_setup_then_run_their_output_in_order_and_the_end_with_its_last_li
             "GPUPROV_NODE_RANK",
             "GREETING",
             WORK_MARK,
+            NOTICE_ENV,
         }
         assert env[WORK_MARK] == work_id  # how its processes are found without a cgroup
+        # where the cloud's notice would go: in the work's own directory, not there yet
+        assert env[NOTICE_ENV] == str(work_dir(daemon, work_id) / NOTICE_FILE)
         assert credential not in json.dumps(lines)
         # The agent reports the end first and then removes the directory (a crash between
         # the two re-reports it), so the removal follows the row by a moment.
