@@ -561,6 +561,9 @@ class JobStatus(Model):
     # After a restart: the new attempt's work starts no earlier, so that an old node that may
     # still hold a lease (cut off, its teardown not confirmed) has stopped its work by then.
     work_waits_until: datetime | None = None
+    # Why a job that ended without failing ended: its work ended everywhere, `release`,
+    # `max_runtime_seconds` (with when it was reached), a cancel.
+    ended_because: str | None = None
 
     @property
     def workflow_id(self) -> str:

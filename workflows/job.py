@@ -145,6 +145,7 @@ class ProvisionJob:
         except asyncio.CancelledError:
             if self._status.state in (JobState.QUEUED, JobState.PROVISIONING):
                 metrics.provisioning_seconds("cancelled")
+            self._status.ended_because = "cancelled"
             self._set_state(JobState.RELEASING, "teardown after cancellation")
             await self._stop_work()
             await self._unwind()
@@ -361,6 +362,7 @@ class ProvisionJob:
                 self._status.work, self._status.health, running.lost(self._status.workers)
             )
             if isinstance(judgement, running.Completed):
+                self._status.ended_because = "the work ended on every node"
                 return
             if isinstance(judgement, running.Failed):
                 await self._stop_work()
@@ -399,10 +401,15 @@ class ProvisionJob:
             await _until(lambda: self._changed or self._release_requested, self._until_next_wake())
         self._changed = False  # what follows reads the state; a signal from now on is news
         if self._release_requested:
+            self._status.ended_because = self._status.ended_because or "released (`release`)"
             return True
         limit = self._spec.max_runtime_seconds
         ready_at = self._status.ready_at
         if limit and ready_at and workflow.now() >= ready_at + timedelta(seconds=limit):
+            self._status.ended_because = (
+                f"max_runtime_seconds ({limit}s) reached at {workflow.now().isoformat()}, "
+                f"counted from the first ready at {ready_at.isoformat()}"
+            )
             self._waiting(f"release: max_runtime_seconds ({limit}s) reached")
             return True
         return False
@@ -456,7 +463,8 @@ class ProvisionJob:
             # work again elsewhere could run it twice at once.
             raise JobFailed(f"{cause}; a job on existing workers is not restarted")
         if len(self._status.restarts) >= limit:
-            raise JobFailed(f"{cause}; no restart left (recovery.max_restarts {limit})")
+            earlier = "".join(f"; restart {r.number}: {r.cause}" for r in self._status.restarts)
+            raise JobFailed(f"{cause}; no restart left (recovery.max_restarts {limit}){earlier}")
         self._status.restarts.append(
             Restart(number=len(self._status.restarts) + 1, at=workflow.now(), cause=cause)
         )

@@ -149,10 +149,12 @@ def judge(
                 f"node {node.rank} ({where}): cut off from the control plane, it stopped its "
                 f"work when its lease lapsed (exit {node.exit_code})"
             )
+    ranks = {node.vm: node.rank for node in work if node.vm}
     for report in health:
         if report.verdict in (Verdict.GONE, Verdict.UNHEALTHY):
             said = "; ".join(f.message for f in report.findings if f.severity.value == "critical")
-            return Lost(f"{report.vm} is {report.verdict.value}: {said or 'the cloud says so'}")
+            where = f"node {ranks[report.vm]} ({report.vm})" if report.vm in ranks else report.vm
+            return Lost(f"{where} is {report.verdict.value}: {said or 'the cloud says so'}")
     exited = [node for node in work if node.state is WorkState.EXITED]
     for node in sorted(exited, key=lambda n: n.rank):
         if node.exit_code != 0:

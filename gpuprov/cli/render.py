@@ -63,6 +63,21 @@ def status_text(status: JobStatus) -> str:
             lines.append(
                 f"    node {work.rank} {work.vm or work.worker_id}: {work.state.value}{code}"
             )
+    if status.restarts:
+        lines.append("  restarts:")
+        lines += [f"    {r.number} at {r.at.isoformat()}: {r.cause}" for r in status.restarts]
+    if status.work_waits_until is not None:
+        lines.append(
+            f"  the new attempt's work waits until {status.work_waits_until.isoformat()} "
+            "(an old node's lease and stop grace period)"
+        )
+    noticed = [w for w in status.workers if w.notice is not None]
+    if noticed:
+        lines.append("  the cloud's notices:")
+        for worker in noticed:
+            assert worker.notice is not None
+            lines.append(f"    {worker.vm or worker.worker_id}: {worker.notice.kind}: "
+                         f"{worker.notice.detail or worker.notice.action}")  # fmt: skip
     if status.existing_workers:
         lines.append("  existing workers:")
         for worker in status.existing_workers:
@@ -73,6 +88,8 @@ def status_text(status: JobStatus) -> str:
     if status.leaks:
         lines.append("  POSSIBLE LEAKS (teardown did not confirm):")
         lines += [f"    {leak}" for leak in status.leaks]
+    if status.ended_because:
+        lines.append(f"  ended because: {status.ended_because}")
     if status.error:
         lines.append(f"  error: {status.error}")
     return "\n".join(lines)
