@@ -251,4 +251,3 @@ def test_a_node_on_ec2_or_gce_watches_its_clouds_notices_and_the_others_none(not
     watched = start[start.index("--notices") :][:2] if "--notices" in start else []
     assert watched == argv
     assert "--metadata-url" not in start  # only the fake cloud's tests point it elsewhere
-
