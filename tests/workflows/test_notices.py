@@ -11,15 +11,12 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pytest
 from temporalio.client import Client
 
 from gpuprov.api.app import create_app, serving
 from gpuprov.cli.dev import free_port
-from gpuprov.config import JobsSettings, WorkersSettings
-from gpuprov.engine.worker import open_records
 from gpuprov.models import BlockScope, JobState
 from gpuprov.sdk.client import GpuprovClient
 from gpuprov.store.records import Records
@@ -27,18 +24,11 @@ from providers.errors import ErrorKind
 from providers.fake import FakeCloud
 from tests.helpers import OFFER_A, OFFER_B, assert_nothing_left, fake_worker, fast_cloud, job, until
 from tests.metadata import MetadataServer
+from tests.workflows.test_work_on_nodes import FAST, JOBS, sqlite_records
 
 pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
-FAST = WorkersSettings(heartbeat_interval_seconds=0.3, lost_after_seconds=5)
-JOBS = JobsSettings(stop_grace_seconds=3)
-
-
-@pytest.fixture
-def sqlite_records(tmp_path: Path) -> Records:
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
-    yield records
-    records.db.dispose()
+__all__ = ["sqlite_records"]  # the fixture, shared
 
 
 @asynccontextmanager

@@ -24,9 +24,8 @@ from temporalio.client import Client
 
 from gpuprov.api.app import create_app, serving
 from gpuprov.cli.dev import free_port
-from gpuprov.config import FaultRule, JobsSettings, WorkersSettings
+from gpuprov.config import FaultRule
 from gpuprov.contract import WatchInput
-from gpuprov.engine.worker import open_records
 from gpuprov.models import JobState
 from gpuprov.sdk.client import GpuprovClient
 from gpuprov.store.records import Records
@@ -34,20 +33,12 @@ from providers.errors import ErrorKind
 from providers.fake import FakeCloud
 from tests import link as links
 from tests.helpers import OFFER_A, OFFER_B, assert_nothing_left, fake_worker, fast_cloud, job, until
+from tests.workflows.test_work_on_nodes import FAST, JOBS, sqlite_records
 from workflows.liveness import WatchWorkers
 
 pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
-# lease = lost_after = 5 s; a node is lost after 5 s of silence
-FAST = WorkersSettings(heartbeat_interval_seconds=0.3, lost_after_seconds=5)
-JOBS = JobsSettings(stop_grace_seconds=3)
-
-
-@pytest.fixture
-def sqlite_records(tmp_path: Path) -> Records:
-    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
-    yield records
-    records.db.dispose()
+__all__ = ["sqlite_records"]  # the fixture, shared
 
 
 @asynccontextmanager
