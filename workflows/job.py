@@ -463,6 +463,10 @@ class ProvisionJob:
             # work again elsewhere could run it twice at once.
             raise JobFailed(f"{cause}; a job on existing workers is not restarted")
         if len(self._status.restarts) >= limit:
+            # The attempt that lost its node failed, whatever comes next (status only).
+            attempt = self._status.attempts[-1]
+            attempt.outcome = AttemptOutcome.FAILED
+            attempt.step, attempt.kind, attempt.message = "run", ErrorKind.FAILED, cause
             earlier = "".join(f"; restart {r.number}: {r.cause}" for r in self._status.restarts)
             raise JobFailed(f"{cause}; no restart left (recovery.max_restarts {limit}){earlier}")
         self._status.restarts.append(

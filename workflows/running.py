@@ -165,8 +165,8 @@ def judge(
 
 
 RECLAIMED = "spot reclaimed"  # how a reclaim's cause begins: the offer's block says it too
-STOPPING_MAINTENANCE = "maintenance stops the machine"
-TAKEN_BACK = (RECLAIMED, STOPPING_MAINTENANCE)
+MACHINE_STOPS = "maintenance stops the machine"
+TAKEN_BACK = (RECLAIMED, MACHINE_STOPS)
 
 
 def lost(workers: list[WorkerLiveness]) -> dict[str, str]:
@@ -180,7 +180,7 @@ def lost(workers: list[WorkerLiveness]) -> dict[str, str]:
         notice = worker.notice
         if notice is not None and notice.ends_the_machine:
             said = notice.detail or f"{notice.source} {notice.action}"
-            first = RECLAIMED if notice.kind == "reclaim" else STOPPING_MAINTENANCE
+            first = RECLAIMED if notice.kind == "reclaim" else MACHINE_STOPS
             reasons[worker.worker_id] = f"{first} ({said})"
         elif worker.liveness == "lost":
             seen = worker.last_seen_at.isoformat() if worker.last_seen_at else "never"

@@ -176,9 +176,9 @@ def run(args: argparse.Namespace) -> int:
     runner = WorkRunner(call, state_dir)
     threading.Thread(target=runner.loop, name="work", daemon=True).start()
     threading.Thread(target=runner.watch_lease, name="lease", daemon=True).start()
-    source = getattr(args, "notices", "none") or "none"
+    source = args.notices
     if source != "none":
-        watcher = NoticeWatcher(source, getattr(args, "metadata_url", None))
+        watcher = NoticeWatcher(source, args.metadata_url)
         watching = threading.Thread(
             target=watcher.watch, args=(runner.noticed, runner.revoked), name="notices"
         )

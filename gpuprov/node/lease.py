@@ -43,8 +43,6 @@ class Lease:
         granted = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
         until = sent_at + float(seconds) if granted and seconds > 0 else None  # type: ignore[operator]
         with self._lock:
-            if until is not None and self.until is not None and until < self.until:
-                return  # an older heartbeat's late answer shortens nothing
             self.known, self.until = True, until
             wall = time.time() + (until - time.monotonic()) if until is not None else None
         write_json(self.path, {"until_wall": wall})

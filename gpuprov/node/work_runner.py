@@ -224,7 +224,9 @@ STOPPING_MAINTENANCE = "TERMINATE_ON_HOST_MAINTENANCE"
 
 
 def ends_the_machine(notice: dict | None) -> bool:
-    """Whether a notice says the cloud takes the machine away."""
+    """Whether a notice says the cloud takes the machine away: the agent's reading of what
+    the control plane reads as NodeNotice.ends_the_machine (gpuprov/models.py), which the
+    agent, standard library only, cannot import."""
     return notice is not None and (
         notice.get("kind") == "reclaim" or notice.get("action") == STOPPING_MAINTENANCE
     )

@@ -24,7 +24,7 @@ from temporalio.testing import WorkflowEnvironment
 from gpuprov import contract
 from gpuprov.config import FaultRule
 from gpuprov.engine.binaries import temporal_binary
-from gpuprov.models import JobState, WorkState
+from gpuprov.models import AttemptOutcome, JobState, WorkState
 from gpuprov.sdk.converter import PYDANTIC_DATA_CONVERTER
 from gpuprov.store.db import WorkRecord
 from tests.helpers import OFFER_A, OFFER_B, assert_nothing_left, job, until
@@ -87,6 +87,7 @@ async def test_restarts_used_up_fail_the_job_naming_the_node_and_every_cause(
     assert f"restart 1: node 0 ({first})" in final.error  # and the earlier restart's cause
     assert final.error.count("preempted") == 2
     assert [a.offer.id for a in final.attempts] == [OFFER_A, OFFER_B]
+    assert [a.outcome for a in final.attempts] == [AttemptOutcome.FAILED] * 2  # both lost
     assert len(final.restarts) == 1 and final.leaks == []
     assert nodes.started == [(0, 0), (1, 0)]
 
