@@ -475,7 +475,8 @@ class ProvisionJob:
         self._waiting(f"restart {len(self._status.restarts)}: {cause}")
         fenced = workflow.patched(FENCED_RESTART)
         if fenced and reclaimed:
-            await self._stop_work()
+            # Its work checkpoints now, at most until the cloud takes the machine.
+            await self._stop_work(by=running.taken_back_by(self._status.workers))
         ended = {node.worker_id for node in self._status.work if node.state.final}
         epoch = self._epoch_input()
         await run_step(WorkActivities.abandon_work, epoch)
@@ -516,9 +517,10 @@ class ProvisionJob:
 
     # ------------------------------------------------------------------ 6. release
 
-    async def _stop_work(self) -> None:
-        """Ask the nodes to stop the work (SIGTERM, grace, SIGKILL) and wait, boundedly, for
-        them to say it ended; the teardown that follows ends what is left anyway."""
+    async def _stop_work(self, by: datetime | None = None) -> None:
+        """Ask the nodes to stop the work (SIGTERM, grace, SIGKILL) and wait, boundedly (and
+        no later than `by`), for them to say it ended; the teardown that follows ends what is
+        left anyway."""
         if self._spec.run is None:
             return
         if not self._status.work and not (
@@ -529,6 +531,8 @@ class ProvisionJob:
         try:
             await run_step(WorkActivities.stop_work, epoch)
             deadline = workflow.now() + STOP_WAIT
+            if by is not None:
+                deadline = min(deadline, by)
             silent = running.unreachable(self._status.workers, self._status.health)
             while workflow.now() < deadline:
                 self._changed = False

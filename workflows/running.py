@@ -192,8 +192,9 @@ def lost(workers: list[WorkerLiveness]) -> dict[str, str]:
 
 def unreachable(workers: list[WorkerLiveness], health: list[HealthReport]) -> set[str]:
     """Workers that cannot be expected to report their work stopped: silent or unhealthy
-    agents, and the workers of machines the cloud reports gone or unhealthy."""
-    silent = set(lost(workers))
+    agents, and the workers of machines the cloud reports gone or unhealthy. A node the cloud
+    only said it takes back still reports: its work is stopping, maybe checkpointing."""
+    silent = {worker for worker, why in lost(workers).items() if not why.startswith(TAKEN_BACK)}
     broken = {r.vm for r in health if r.verdict in (Verdict.GONE, Verdict.UNHEALTHY)}
     silent |= {w.worker_id for w in workers if w.vm is not None and w.vm in broken}
     return silent
@@ -228,3 +229,17 @@ def work_fence(
         and (worker.vm is None or worker.vm not in gone)
     ]
     return max(waits) if waits else None
+
+
+def taken_back_by(workers: list[WorkerLiveness]) -> datetime | None:
+    """The earliest deadline of the cloud's notices that it takes a machine back (None: no
+    such notice says when)."""
+    deadlines = [
+        worker.notice.deadline
+        for worker in workers
+        if worker.state != "revoked"
+        and worker.notice is not None
+        and worker.notice.ends_the_machine
+        and worker.notice.deadline is not None
+    ]
+    return min(deadlines) if deadlines else None

@@ -119,3 +119,11 @@ def test_each_attempts_work_is_told_its_attempt_number():
     third = running.assignments(spec, placed, attempt=3)
     assert first[0].command.env["GPUPROV_ATTEMPT"] == "1"
     assert third[0].command.env["GPUPROV_ATTEMPT"] == "3"
+
+
+def test_a_node_the_cloud_takes_back_is_waited_for_its_stop_until_the_clouds_deadline():
+    reclaimed = worker("taken", notice=RECLAIM)
+    silent = worker("silent", liveness="lost")
+    assert running.unreachable([reclaimed, silent], []) == {"silent"}  # it still reports
+    assert running.taken_back_by([reclaimed, silent]) == RECLAIM.deadline
+    assert running.taken_back_by([silent]) is None
