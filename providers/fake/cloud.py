@@ -18,8 +18,11 @@ Primitive -> what happens in the ledger:
   says the cloud took it back (`FakeCloudState.preempt`). A Running instance's agent starts
   there: the simulated one (`simulate_agent`, providers/fake/agent.py) registers through the
   real API with the join token from its bootstrap, heartbeats and runs the node's work (unless
-  `run_work = false`); the real one (`agent = "real"`, providers/fake/node.py) is
-  agent.pyz `run` in a local process, fetched and pinned as on a cloud-init machine.
+  `run_work = false`: then, its machine running on when the worker process that ran it dies,
+  the next worker to observe it takes its heartbeats over with the credential it kept); a
+  `partitioned` one is cut off from the API `delay_seconds` after it registered. The real
+  one (`agent = "real"`, providers/fake/node.py) is agent.pyz `run` in a local process,
+  fetched and pinned as on a cloud-init machine.
 - observe_region: the same for every VM in the region in one call (counted as "list").
 - sweep_regions: every configured region (no call).
 - delete: marks the given ids deleted (unknown ids are success) and stops their agents.
@@ -39,7 +42,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -61,8 +64,10 @@ from providers.base import (
 from providers.errors import ErrorKind, ProviderError
 from providers.fake.agent import (
     GPU_FAULT_DETAILS,
+    Lease,
     Watch,
     heartbeat,
+    read_assignments,
     register,
     run_work,
     simulated_capabilities,
@@ -82,8 +87,12 @@ BOOT_MODES = {
     "boot_hang": "hang",
     "bad_runtime": "bad_runtime",
     "no_agent": "no_agent",
+    "partitioned": "partitioned",
     **{fault: fault for fault in GPU_FAULTS},
 }
+# Effects that show `delay_seconds` after the machine boots (the GPU faults) or after its agent
+# registered (a partition).
+LATER_EFFECTS = (*GPU_FAULTS, "partitioned")
 
 
 class FakeCloud(CloudProvider):
@@ -185,7 +194,7 @@ class FakeCloud(CloudProvider):
             api_url=spec.bootstrap.api_url if spec.bootstrap else None,
             join_token=spec.bootstrap.join_token if spec.bootstrap else None,
             user_data=user_data(spec, max_bytes=USER_DATA_LIMIT, cloud="fake") if real else None,
-            fault_after=fault.delay_seconds if fault and effect in GPU_FAULTS else 0.0,
+            fault_after=fault.delay_seconds if fault and effect in LATER_EFFECTS else 0.0,
             image=spec.image,
             ports=spec.ports,
         )
@@ -293,12 +302,17 @@ class FakeCloud(CloudProvider):
                 self.nodes[row.id] = self._boot_node(row)
             return
         pending = row.agent_state in ("pending", "running")
-        if self.config.agent_mode != "simulated" or not pending:
+        # Registered already, by a worker process that died: its heartbeats go on from here.
+        # Not where it ran the work itself: that died with the process, and so does the node.
+        resumed = row.agent_state == "registered" and row.credential is not None
+        resumed = resumed and not self.config.run_work
+        if self.config.agent_mode != "simulated" or not (pending or resumed):
             return
         task = self._agents.get(row.id)
         if not row.join_token or (task is not None and not task.done()):
             return
-        if not self.state.claim_agent(row.id):
+        claimed = self.state.resume_agent(row.id) if resumed else self.state.claim_agent(row.id)
+        if not claimed:
             return
         self._agents[row.id] = asyncio.create_task(self._run_agent(row))
 
@@ -306,10 +320,15 @@ class FakeCloud(CloudProvider):
         assert row.api_url is not None and row.join_token is not None
         instance_type = next(t for t in self.config.instance_types if t.name == row.instance_type)
         capabilities = simulated_capabilities(instance_type, row.boot_mode == "bad_runtime")
-        credential = await register(row.api_url, row.join_token, capabilities)
-        self.state.set_agent_state(row.id, "registered" if credential else "rejected")
+        credential, cut_at = row.credential, row.cut_at
         if credential is None:
-            return
+            credential = await register(row.api_url, row.join_token, capabilities)
+            if credential is None:
+                self.state.set_agent_state(row.id, "rejected")
+                return
+            if row.boot_mode == "partitioned":
+                cut_at = time.time() + row.fault_after
+            self.state.registered(row.id, credential, cut_at)
         broken_from = row.created_at + self.config.boot_delay_seconds + row.fault_after
 
         def health() -> tuple[bool, str | None]:
@@ -320,15 +339,39 @@ class FakeCloud(CloudProvider):
             return True, None
 
         watch = Watch()
+        lease, hold = self._lease(row.id, cut_at)
         work = None
         if self.config.run_work:
-            work = asyncio.create_task(run_work(row.api_url, credential, watch))
+            work = asyncio.create_task(
+                run_work(row.api_url, credential, watch, lease=lease, cut_at=cut_at, hold=hold)
+            )
+        elif hold is not None:
+            work = asyncio.create_task(
+                read_assignments(row.api_url, credential, watch, hold, cut_at=cut_at)
+            )
         try:
-            await heartbeat(row.api_url, credential, health, watch)
+            await heartbeat(row.api_url, credential, health, watch, lease=lease, cut_at=cut_at)
+            self.state.set_agent_state(row.id, "ended")  # its credential was refused
         finally:  # revoked, or the instance deleted: its work ends with it
             if work is not None:
                 work.cancel()
                 await asyncio.gather(work, return_exceptions=True)
+
+    def _lease(
+        self, instance_id: str, cut_at: float | None
+    ) -> tuple[Lease, Callable[[str, float], None] | None]:
+        """The agent's lease and, for one that is to be cut off (the only kind whose lease can
+        lapse here), what keeps it and the work it holds in the ledger: read back from there
+        when another worker process takes the agent over."""
+        if cut_at is None:
+            return Lease(), None
+        kept = self.state.agent_lease(instance_id)
+        lease = Lease(
+            kept.sent_at if kept else None,
+            kept.lease_seconds if kept else None,
+            keep=lambda sent_at, seconds: self.state.renew_lease(instance_id, sent_at, seconds),
+        )
+        return lease, lambda work_id, grace: self.state.hold_work(instance_id, work_id, grace)
 
     def _boot_node(self, row: InstanceRow) -> node.Node:
         """The real agent on the instance, in its own root under the agent root."""
