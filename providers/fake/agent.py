@@ -127,15 +127,15 @@ def _pause(response: httpx.Response) -> float:
 
 
 class CutOff(httpx.AsyncBaseTransport):
-    """The node's link to the API, cut for good from `cut_at` (time.time(); None: never): from
+    """The node's link to the API, cut for good once `cut_off()` says so (None: never): from
     then on nothing the agent sends arrives, as a cut cable looks to it (a connection error)."""
 
-    def __init__(self, cut_at: float | None = None) -> None:
-        self.cut_at = cut_at
+    def __init__(self, cut_off: Callable[[], bool] | None = None) -> None:
+        self.cut_off = cut_off
         self._through = httpx.AsyncHTTPTransport()
 
     def cut(self) -> bool:
-        return self.cut_at is not None and time.time() >= self.cut_at
+        return self.cut_off is not None and self.cut_off()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self.cut():
@@ -199,13 +199,13 @@ async def heartbeat(
     watch: Watch | None = None,
     *,
     lease: Lease | None = None,
-    cut_at: float | None = None,
+    cut_off: Callable[[], bool] | None = None,
 ) -> None:
     """Heartbeat with `health()` (healthy, detail) until the credential is refused (401); each
-    answer renews `lease` and goes to `watch`. From `cut_at` on, none arrives (`CutOff`)."""
+    answer renews `lease` and goes to `watch`. Once `cut_off()`, none arrives (`CutOff`)."""
     interval = HEARTBEAT_INTERVAL
     headers = {"Authorization": f"Bearer {credential}"}
-    link = CutOff(cut_at)
+    link = CutOff(cut_off)
     async with httpx.AsyncClient(
         base_url=api_url, timeout=30, headers=headers, transport=link
     ) as http:
@@ -239,14 +239,14 @@ async def read_assignments(
     watch: Watch,
     hold: Callable[[str, float], None],
     *,
-    cut_at: float | None = None,
+    cut_off: Callable[[], bool] | None = None,
 ) -> None:
     """With the work run elsewhere (`run_work = false`): each assignment the heartbeats name
     is read once, as the agent reads it before starting it, and `hold` is told its id and its
     stop grace period, until the task is cancelled."""
     headers = {"Authorization": f"Bearer {credential}"}
     async with httpx.AsyncClient(
-        base_url=api_url, timeout=30, headers=headers, transport=CutOff(cut_at)
+        base_url=api_url, timeout=30, headers=headers, transport=CutOff(cut_off)
     ) as http:
         held: str | None = None
         while True:
@@ -264,7 +264,7 @@ async def run_work(
     watch: Watch,
     *,
     lease: Lease | None = None,
-    cut_at: float | None = None,
+    cut_off: Callable[[], bool] | None = None,
     hold: Callable[[str, float], None] | None = None,
 ) -> None:
     """Each assignment this worker is given, run once, until the task is cancelled (the
@@ -274,7 +274,7 @@ async def run_work(
     taken (its id and stop grace period)."""
     headers = {"Authorization": f"Bearer {credential}"}
     async with httpx.AsyncClient(
-        base_url=api_url, timeout=30, headers=headers, transport=CutOff(cut_at)
+        base_url=api_url, timeout=30, headers=headers, transport=CutOff(cut_off)
     ) as http:
         done: set[str] = set()
         pause = WORK_POLL

@@ -20,7 +20,8 @@ Primitive -> what happens in the ledger:
   real API with the join token from its bootstrap, heartbeats and runs the node's work (unless
   `run_work = false`: then, its machine running on when the worker process that ran it dies,
   the next worker to observe it takes its heartbeats over with the credential it kept); a
-  `partitioned` one is cut off from the API `delay_seconds` after it registered. The real
+  `partitioned` one is cut off from the API `delay_seconds` after it registered, or sooner
+  when the ledger says so (`FakeCloudState.cut_off`). The real
   one (`agent = "real"`, providers/fake/node.py) is agent.pyz `run` in a local process,
   fetched and pinned as on a cloud-init machine.
 - observe_region: the same for every VM in the region in one call (counted as "list").
@@ -320,15 +321,17 @@ class FakeCloud(CloudProvider):
         assert row.api_url is not None and row.join_token is not None
         instance_type = next(t for t in self.config.instance_types if t.name == row.instance_type)
         capabilities = simulated_capabilities(instance_type, row.boot_mode == "bad_runtime")
-        credential, cut_at = row.credential, row.cut_at
+        credential = row.credential
+        partitioned = row.boot_mode == "partitioned"
         if credential is None:
             credential = await register(row.api_url, row.join_token, capabilities)
             if credential is None:
                 self.state.set_agent_state(row.id, "rejected")
                 return
-            if row.boot_mode == "partitioned":
-                cut_at = time.time() + row.fault_after
+            cut_at = time.time() + row.fault_after if partitioned else None
             self.state.registered(row.id, credential, cut_at)
+        # The ledger says when a partitioned node's link is cut (a test may cut it sooner).
+        cut_off = (lambda: self.state.is_cut_off(row.id)) if partitioned else None
         broken_from = row.created_at + self.config.boot_delay_seconds + row.fault_after
 
         def health() -> tuple[bool, str | None]:
@@ -339,18 +342,18 @@ class FakeCloud(CloudProvider):
             return True, None
 
         watch = Watch()
-        lease, hold = self._lease(row.id, cut_at)
+        lease, hold = self._lease(row.id, partitioned)
         work = None
         if self.config.run_work:
             work = asyncio.create_task(
-                run_work(row.api_url, credential, watch, lease=lease, cut_at=cut_at, hold=hold)
+                run_work(row.api_url, credential, watch, lease=lease, cut_off=cut_off, hold=hold)
             )
         elif hold is not None:
             work = asyncio.create_task(
-                read_assignments(row.api_url, credential, watch, hold, cut_at=cut_at)
+                read_assignments(row.api_url, credential, watch, hold, cut_off=cut_off)
             )
         try:
-            await heartbeat(row.api_url, credential, health, watch, lease=lease, cut_at=cut_at)
+            await heartbeat(row.api_url, credential, health, watch, lease=lease, cut_off=cut_off)
             self.state.set_agent_state(row.id, "ended")  # its credential was refused
         finally:  # revoked, or the instance deleted: its work ends with it
             if work is not None:
@@ -358,12 +361,12 @@ class FakeCloud(CloudProvider):
                 await asyncio.gather(work, return_exceptions=True)
 
     def _lease(
-        self, instance_id: str, cut_at: float | None
+        self, instance_id: str, partitioned: bool
     ) -> tuple[Lease, Callable[[str, float], None] | None]:
         """The agent's lease and, for one that is to be cut off (the only kind whose lease can
         lapse here), what keeps it and the work it holds in the ledger: read back from there
         when another worker process takes the agent over."""
-        if cut_at is None:
+        if not partitioned:
             return Lease(), None
         kept = self.state.agent_lease(instance_id)
         lease = Lease(

@@ -68,7 +68,8 @@ class FaultRule(Model):
       after boot one GPU falls off the bus (Xid 79), has an uncorrectable ECC error (Xid 48), or
       vanishes from nvidia-smi's list, and the agent's heartbeats say so.
     - partitioned (create): the instance boots and its agent registers and heartbeats as
-      usual; `delay_seconds` after it registered, it is cut off from the API for good (nothing
+      usual; `delay_seconds` after it registered (or sooner, at the moment a test or the chaos
+      harness chooses: `FakeCloudState.cut_off`), it is cut off from the API for good (nothing
       it sends arrives any more) while the machine runs on. It keeps the lease rule of the real
       agent: the work it holds stops once the lease of the last heartbeat answered (counted
       from when it was sent) and the stop grace period are over, and the ledger says when

@@ -312,13 +312,29 @@ class FakeCloudState:
 
     def registered(self, instance_id: str, credential: str, cut_at: float | None) -> None:
         """The simulated agent registered: its credential (and, partitioned, when it is cut off
-        from the API) are kept for whichever worker process runs it next."""
+        from the API at the latest) are kept for whichever worker process runs it next."""
         with self._transaction() as db:
             db.execute(
-                "UPDATE instances SET agent_state = 'registered', credential = ?, cut_at = ? "
+                "UPDATE instances SET agent_state = 'registered', credential = ?, "
+                "cut_at = CASE WHEN cut_at IS NULL OR cut_at > ? THEN ? ELSE cut_at END "
                 "WHERE id = ?",
-                (credential, cut_at, instance_id),
+                (credential, cut_at, cut_at, instance_id),
             )
+
+    def cut_off(self, instance_id: str, at: float | None = None) -> None:
+        """A partitioned agent is cut off from the API from `at` (now by default), or from when
+        it was to be already if that is sooner."""
+        at = time.time() if at is None else at
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE instances SET cut_at = ? WHERE id = ? AND (cut_at IS NULL OR cut_at > ?)",
+                (at, instance_id, at),
+            )
+
+    def is_cut_off(self, instance_id: str) -> bool:
+        row = self._db.execute("SELECT cut_at FROM instances WHERE id = ?", (instance_id,))
+        found = row.fetchone()
+        return found is not None and found[0] is not None and time.time() >= found[0]
 
     def renew_lease(self, instance_id: str, sent_at: float, seconds: float | None) -> None:
         """A heartbeat the agent sent at `sent_at` was answered, granting `seconds`."""
@@ -355,11 +371,12 @@ class FakeCloudState:
         return next((lease for lease in self.agent_leases() if lease.id == instance_id), None)
 
     def agent_leases(self) -> list[AgentLease]:
-        """Every kept lease, with its instance's VM, cut-off time and deletion."""
+        """The lease of every partitioned instance's agent (the only ones kept), with the
+        instance's VM, cut-off time and deletion; its fields None until its agent heard them."""
         rows = self._db.execute(
             "SELECT i.id, i.vm, i.cut_at, i.deleted_at, l.sent_at, l.lease_seconds, l.work_id, "
-            "l.stop_grace, l.work_stops_at FROM agent_leases l JOIN instances i ON i.id = l.id "
-            "ORDER BY i.seq"
+            "l.stop_grace, l.work_stops_at FROM instances i LEFT JOIN agent_leases l "
+            "ON l.id = i.id WHERE i.boot_mode = 'partitioned' ORDER BY i.seq"
         ).fetchall()
         return [AgentLease(*row) for row in rows]
 

@@ -1,5 +1,6 @@
 """The fake cloud's simulated agents against an API mocked here: a `partitioned` node is cut off
-from the API `delay_seconds` after it registered, while its machine runs on, and the ledger says
+from the API `delay_seconds` after it registered (or sooner, when the ledger is told to cut it
+off), while its machine runs on, and the ledger says
 when the work it holds stops (its last answered heartbeat's send time, the lease that answer
 granted, the grace its assignment gives); a registered agent whose worker process is gone goes
 on heartbeating from the next process that observes its machine, with the credential it kept."""
@@ -157,5 +158,22 @@ def test_an_agent_is_taken_over_only_from_a_dead_process_and_never_once_refused(
         assert (row.agent_state, row.credential) == ("registered", "gpw_node")
         state.set_agent_state(instance, "ended")
         assert not state.resume_agent(instance), "its credential was refused"
+    finally:
+        state.close()
+
+
+def test_a_partitioned_agent_is_cut_off_at_its_delay_or_sooner_never_later(tmp_path: Path) -> None:
+    state = FakeCloudState(str(tmp_path / "state.db"))
+    try:
+        instance = state.add_instance(
+            vm=VM, region="r1", zone=None, offer_id="o", instance_type="gpu8", boot_mode="normal"
+        )
+        state.registered(instance, "gpw_node", time.time() + 600)
+        assert not state.is_cut_off(instance)
+        state.cut_off(instance)  # the moment a test chooses
+        assert state.is_cut_off(instance)
+        [row] = state.instances()
+        state.cut_off(instance, at=time.time() + 600)
+        assert state.instances()[0].cut_at == row.cut_at, "a later cut moves nothing"
     finally:
         state.close()
