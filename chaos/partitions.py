@@ -71,13 +71,15 @@ def lost_workers(
 ) -> None:
     """How many workers the sweep found lost were partitioned (summary.lost_workers), and a
     finding naming the others, each with what the ledger says of it: its machine deleted first
-    (its job's teardown had not revoked it yet: nothing is wrong), its registration lost (the
+    (its job's teardown had not revoked it yet: nothing is wrong) or taken back (a killed node,
+    whose agent no worker process takes over), its registration lost (the
     fake's agents run in the worker process, and one killed between the API taking the
     registration and the ledger keeping the credential leaves the node's agent dead: the next
     process is refused the spent join token), or silent while its machine ran (an agent starved
     of time, or one no worker process took over after its own died)."""
     cut = {lease.vm for leases in partitions.values() for lease in leases}
     refused = {row.vm for row in machines if row.agent_state == "rejected"}
+    taken = {row.vm for row in machines if row.boot_mode == "preempted"}
     deleted = {row.vm: row.deleted_at for row in machines if row.deleted_at is not None}
     with records.db.session() as session:
         lost = session.exec(select(WorkerRecord).where(WorkerRecord.liveness == "lost")).all()
@@ -91,6 +93,8 @@ def lost_workers(
         seen = worker.last_seen_at.timestamp() if worker.last_seen_at else None
         if vm in refused:
             why = "registration lost"
+        elif vm in taken:
+            why = "machine taken back (a killed node)"
         elif vm in deleted and (seen is None or deleted[vm] <= seen + timings.lost_after):
             why = "machine deleted first"
         else:

@@ -19,7 +19,8 @@ Primitive -> what happens in the ledger:
   there: the simulated one (`simulate_agent`, providers/fake/agent.py) registers through the
   real API with the join token from its bootstrap, heartbeats and runs the node's work (unless
   `run_work = false`: then, its machine running on when the worker process that ran it dies,
-  the next worker to observe it takes its heartbeats over with the credential it kept); a
+  the next worker process takes its heartbeats over, with the credential it kept, at its first
+  calls or when it observes the machine); a
   `partitioned` one is cut off from the API `delay_seconds` after it registered, or sooner
   when the ledger says so (`FakeCloudState.cut_off`). The real
   one (`agent = "real"`, providers/fake/node.py) is agent.pyz `run` in a local process,
@@ -91,6 +92,7 @@ BOOT_MODES = {
     "partitioned": "partitioned",
     **{fault: fault for fault in GPU_FAULTS},
 }
+TAKEOVER_EVERY = 2.0  # seconds between looks for agents a dead worker process left
 # Effects that show `delay_seconds` after the machine boots (the GPU faults) or after its agent
 # registered (a partition).
 LATER_EFFECTS = (*GPU_FAULTS, "partitioned")
@@ -111,6 +113,7 @@ class FakeCloud(CloudProvider):
         self.shuffle_offers = shuffle_offers  # seed of plan's offer order; None: cheapest first
         self._agents: dict[str, asyncio.Task[None]] = {}  # instance id -> simulated agent
         self._landing: set[asyncio.Future[Any]] = set()  # `lands_late` calls still to land
+        self._next_takeover = 0.0  # when to look for agents a dead worker process left
         self.nodes: dict[str, node.Node] = {}  # instance id -> real agent (agent = "real")
         self._own_root: str | None = None
         self._fixtures = Path(config.nvidia_smi_fixtures or node.DEFAULT_FIXTURES)
@@ -290,6 +293,21 @@ class FakeCloud(CloudProvider):
         """Instances deleted at or before this time are gone from what the cloud reports."""
         return now - self.config.delete_delay_seconds
 
+    def _take_over_agents(self) -> None:
+        """Every few seconds, at a call: the agents of running machines that registered under
+        a worker process now dead go on from this one, whether or not a job still observes
+        their machines (a lease that is ready, a job whose worker died mid-step)."""
+        now = time.time()
+        if self.config.agent_mode != "simulated" or self.config.run_work:
+            return
+        if now < self._next_takeover:
+            return
+        self._next_takeover = now + TAKEOVER_EVERY
+        for row in self.state.registered_agents():
+            instance = self._observed(row, now)
+            if instance is not None and instance.status is InstanceStatus.RUNNING:
+                self._boot_agent(row)
+
     def _boot_agent(self, row: InstanceRow) -> None:
         """A booted instance's agent starts once; observe is where the fake notices the boot,
         so a restarted worker picks up simulated agents that had not registered yet. Several
@@ -406,6 +424,7 @@ class FakeCloud(CloudProvider):
         """Simulate latency, count the call, and return (or raise) the fault that fires."""
         if self.config.call_latency_seconds:
             await asyncio.sleep(self.config.call_latency_seconds)
+        self._take_over_agents()
         self.state.count_call(primitive, region)
         for index, rule in enumerate(self.config.faults):
             if not _matches(rule, primitive, region, offer, vm):

@@ -264,12 +264,7 @@ class FakeCloudState:
             "ORDER BY seq"
         )
         args = (vm, vm, region, region, gone_by, gone_by)
-        return [
-            InstanceRow(
-                *row[:15], ports=tuple(json.loads(row[15])), credential=row[16], cut_at=row[17]
-            )
-            for row in self._db.execute(query, args).fetchall()
-        ]
+        return [_instance_row(row) for row in self._db.execute(query, args).fetchall()]
 
     def claim_agent(self, instance_id: str, pid: int | None = None) -> bool:
         """Whether process `pid` (this one by default) is to run the instance's agent: a node
@@ -309,6 +304,14 @@ class FakeCloudState:
                 return False
             db.execute("UPDATE instances SET agent_pid = ? WHERE id = ?", (pid, instance_id))
         return True
+
+    def registered_agents(self) -> list[InstanceRow]:
+        """Instances not deleted whose simulated agent registered and kept its credential."""
+        query = (
+            f"SELECT {INSTANCE_COLUMNS} FROM instances WHERE agent_state = 'registered' "
+            "AND credential IS NOT NULL AND deleted_at IS NULL ORDER BY seq"
+        )
+        return [_instance_row(row) for row in self._db.execute(query).fetchall()]
 
     def registered(self, instance_id: str, credential: str, cut_at: float | None) -> None:
         """The simulated agent registered: its credential (and, partitioned, when it is cut off
@@ -438,6 +441,13 @@ class FakeCloudState:
         return self._db.execute(
             "SELECT vm, region, kind, name FROM side_resources WHERE deleted_at IS NULL"
         ).fetchall()
+
+
+def _instance_row(row: tuple) -> InstanceRow:  # type: ignore[type-arg]
+    """A row of INSTANCE_COLUMNS."""
+    return InstanceRow(
+        *row[:15], ports=tuple(json.loads(row[15])), credential=row[16], cut_at=row[17]
+    )
 
 
 def _alive(pid: int | None) -> bool:
