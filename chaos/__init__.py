@@ -11,5 +11,6 @@ identity, nothing left running, no side resource left, no open orphan, every job
 - workers.py: which worker process ran the jobs' tasks (`--workers N`).
 - run.py: the run itself (submit, disrupt, release/cancel, wait, reconcile, collect).
 - stalls.py: where jobs lost time, read from their histories.
+- partitions.py: what the partitioned nodes did, and the overlap check over the jobs that run.
 - report.py: the checks and the summary (text and markdown).
 """

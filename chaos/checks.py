@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from chaos.nodes import Interval
 from chaos.report import Check, JobOutcome, ResolvedOrphan, Summary
 
 
@@ -20,7 +21,7 @@ def leftovers(
         for vm in sorted(set(ledger["live_vms"]) | set(ledger["side_vms"])):
             if when == "before the pass" and vm in recorded:
                 continue
-            job = _job_of(vm)
+            job = job_of(vm)
             if job in names:
                 left.setdefault(job, []).append(f"{vm} live {when}")
     return left
@@ -74,7 +75,7 @@ def standard_checks(
                     for r in rows
                     if r.vm == vm
                 )
-                + f"; job {_job_of(vm)} faults: {jobs.get(_job_of(vm), _no_job()).faults}"
+                + f"; job {job_of(vm)} faults: {jobs.get(job_of(vm), _no_job()).faults}"
                 for vm, n in sorted(duplicates.items())
             ],
         )
@@ -125,7 +126,7 @@ def standard_checks(
                 f"seed {summary.seed}: {vm}: job {job.name} ended {job.state}, "
                 f"leaks {job.leaks or 'none'}, faults {job.faults or 'none'}"
                 for vm in unrecorded
-                for job in [jobs.get(_job_of(vm), _no_job())]
+                for job in [jobs.get(job_of(vm), _no_job())]
             ],
         )
     )
@@ -166,6 +167,50 @@ def standard_checks(
         )
 
 
+def overlapping_runs(
+    intervals: dict[str, list[Interval]], planned: int, seed: int, epoch_start: float
+) -> Check:
+    """For every job that runs, no two of its epochs' works ran at once (each work's interval:
+    chaos/nodes.py); and, after each node cut off while it ran its work, how long before the
+    next epoch started that node's work had stopped. `planned`: partitioned nodes planned."""
+    problems, margins = [], []
+    cut = 0
+    for job, spans in sorted(intervals.items()):
+        for old in spans:
+            later = [span for span in spans if span.epoch > old.epoch]
+            cut += old.cut
+            if later and old.cut and old.end is not None:
+                margins.append(min(span.start for span in later) - old.end)
+            for new in later:
+                common = old.overlaps(new)
+                if common > 0:
+                    ended = "no end known" if old.end is None else f"t+{old.end - epoch_start:.1f}s"
+                    problems.append(
+                        f"seed {seed}: {job}: epoch {old.epoch} node {old.rank} ({old.how}, "
+                        f"ran until {ended}) and epoch {new.epoch} node {new.rank} (started "
+                        f"t+{new.start - epoch_start:.1f}s) ran {common:.1f}s at once"
+                    )
+    several = [job for job, spans in intervals.items() if len({s.epoch for s in spans}) > 1]
+    works = sum(len(spans) for spans in intervals.values())
+    spread = f"{min(margins):+.1f}s" if margins else ""
+    if margins and max(margins) != min(margins):
+        spread += f" to {max(margins):+.1f}s"
+    waited = (
+        f"; the next epoch started {spread} after such a node's work had stopped (its lease "
+        "and grace over, or its machine gone; negative: before)"
+        if margins
+        else ""
+    )
+    return Check(
+        "overlapping runs: no two epochs of a job ran at once (must be 0)",
+        not problems,
+        f"{len(problems)} over {len(several)} job(s) that ran more than one epoch ({works} "
+        f"node runs in {len(intervals)} job(s)); partitioned nodes: {planned} planned, {cut} "
+        f"cut off while running their work{waited}",
+        problems,
+    )
+
+
 def resolved_orphans(
     open_before: list[str], open_after: set[str], before: dict[str, Any], after: dict[str, Any]
 ) -> list[ResolvedOrphan]:
@@ -187,7 +232,7 @@ def _first_line(text: str | None) -> str:
     return (text or "no error recorded").strip().splitlines()[0][:300]
 
 
-def _job_of(vm: str) -> str:
+def job_of(vm: str) -> str:
     """`chaos-0007-a1-n0-abc123` -> `chaos-0007`."""
     return vm.split("-a", 1)[0] if vm.startswith("chaos-") else vm
 

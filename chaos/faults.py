@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from gpuprov.config import FaultRule
+from gpuprov.config import FaultRule, JobsSettings, WorkersSettings
 from providers.errors import ErrorKind
 
 PRIMITIVES = ("plan", "prepare", "create", "observe", "list", "delete", "cleanup")
@@ -79,6 +79,28 @@ class Timings:
     boot_timeout: float = 8.0  # short: boot_hang and lost registrations fail over quickly
     delete_timeout: float = 20.0
     block_ttl: int = 2  # shared blocks expire fast, so one stockout does not fail every job
+    # Liveness, for the API the harness serves and the worker's sweep: a node silent for
+    # `lost_after` is lost by the next sweep. Its lease (how long a cut-off node's work may run
+    # on) outlasts that, the failed teardown (three delete rounds) and the next placement
+    # together, which take 20-35 s on a loaded machine: so the fence (lease + stop grace +
+    # FENCE_MARGIN 10 s after its last heartbeat reached the API) is what keeps a restarted
+    # job's epochs apart, not the time a restart takes anyway.
+    heartbeat_interval: float = 2.0
+    lost_after: float = 10.0
+    lease: float = 60.0
+    stop_grace: float = 2.0
+    sweep_every: int = 2
+
+    def workers(self) -> WorkersSettings:
+        return WorkersSettings(
+            heartbeat_interval_seconds=self.heartbeat_interval,
+            lost_after_seconds=self.lost_after,
+            lease_seconds=self.lease,
+            sweep_every_seconds=self.sweep_every,
+        )
+
+    def jobs(self) -> JobsSettings:
+        return JobsSettings(block_ttl_seconds=self.block_ttl, stop_grace_seconds=self.stop_grace)
 
 
 @dataclass(frozen=True)
@@ -87,19 +109,21 @@ class PlannedFault:
     job: str | None  # the job it targets; None for a global (plan/list) rule
     coverage: bool = False  # part of the every-kind deck
     aid: bool = False  # makes a cancel point long enough to be seen (chaos/cancels.py)
+    role: bool = False  # what a job's role is made of (a partitioned node: chaos/mix.py)
 
     def describe(self) -> str:
         rule = self.rule
         what = rule.effect if rule.effect != "error" else f"error {rule.kind.value}"
         if rule.effect == "lost_response":
             what = f"lost_response {rule.kind.value}"
-        if rule.effect == "delay":
-            what = f"delay {rule.delay_seconds:g}s"
+        if rule.effect in ("delay", "partitioned"):
+            what = f"{rule.effect} {rule.delay_seconds:g}s"
         where = rule.vm or f"call #{rule.after + 1}"
         if rule.region:
             where += f" in {rule.region}"
         times = f" x{rule.times}" if rule.times else ""
         aid = " (to see a cancel point)" if self.aid else ""
+        aid += " (its role)" if self.role else ""
         return f"{what} at {rule.primitive} ({where}){times}{aid}"
 
 
@@ -248,6 +272,13 @@ def worker_config(
         "",
         "[jobs]",
         f"block_ttl_seconds = {timings.block_ttl}",
+        f"stop_grace_seconds = {timings.stop_grace!r}",
+        "",
+        "[workers]",
+        f"heartbeat_interval_seconds = {timings.heartbeat_interval!r}",
+        f"lost_after_seconds = {timings.lost_after!r}",
+        f"lease_seconds = {timings.lease!r}",
+        f"sweep_every_seconds = {timings.sweep_every}",
         "",
         "[providers.fake]",
         f"boot_delay_seconds = {timings.boot_delay!r}",

@@ -4,8 +4,15 @@ hostile raw starts, the largest job, and the point at which each cancelled job i
 - A **lease** (no `run`) is released as soon as it is ready.
 - A job that **runs** has `run`, `recovery.max_restarts` 0 or 1 and a 2 s health-check interval;
   the harness plays its nodes (chaos/nodes.py) and ends the work as its `Work` says: every node
-  exits 0, one node exits with a chosen non-zero code, or one node is killed mid-run (its
-  machine preempted in the cloud's ledger, and it never reports again).
+  exits 0, one node exits with a chosen non-zero code, one node is killed mid-run (its
+  machine preempted in the cloud's ledger, and it never reports again), or one node is
+  **partitioned** mid-run: its machine was created with the fake cloud's `partitioned` effect,
+  and its agent is cut off from the API (`FakeCloudState.cut_off`) while its machine runs on,
+  so the liveness sweep finds it lost. Of the partitions, dealt in turn: `fenced` has a
+  restart left and its machine's delete fails (the teardown records a leak, so the new
+  attempt's work must wait out the cut-off node's lease), `gone` has a restart left and its
+  delete succeeds (the machine confirmed gone, nothing to wait for), `last` has no restart
+  left and its delete fails. The first epoch runs until it is given up; the next one exits 0.
 - A **hostile** start is a raw `ProvisionJob` start with input no job may accept
   (chaos/hostile.py); the first one of a run is an impostor named like a real job of the run.
 - A **mid-step** job is a lease whose provisioning timeout (5 s) lands while the creates of
@@ -19,8 +26,8 @@ hostile raw starts, the largest job, and the point at which each cancelled job i
   eight of them cancels once in each state.
 
 The first job that runs has a node killed with a restart left, the next ones a non-zero exit,
-a kill without a restart left and exits 0 (then shuffled rounds); the first hostile start is
-the impostor.
+a kill without a restart left, exits 0 and a partition (then shuffled rounds); the first
+hostile start is the impostor.
 
 The draws come from a generator of their own: a seed's sizes, arrival times and disruptions
 do not depend on the mix, and its fault rules only in that none is aimed at a hostile start.
@@ -35,6 +42,7 @@ from typing import Literal
 from chaos.cancels import POINTS
 from chaos.hostile import CASES, IMPOSTOR
 from gpuprov.config import FaultRule
+from providers.errors import ErrorKind
 
 LARGEST_NODES = 256  # JobSpec.nodes' bound
 # Its machines are torn down one after another (a failed attempt's, and at release): minutes for
@@ -44,8 +52,12 @@ RUN_HEALTH_INTERVAL = 2  # seconds: a killed node is found by the job's next hea
 EXIT_CODES = (1, 2, 3, 7, 42, 137)
 MID_STEP_TIMEOUT = 5  # seconds: shorter than the creates below take
 MID_STEP_CREATE_SECONDS = 10.0
+# A partitioned node is cut off this long after it registered even if its work never came.
+PARTITION_BACKSTOP = 30.0
 
-Ending = Literal["exit", "kill", "until_stopped"]
+Ending = Literal["exit", "kill", "until_stopped", "partition"]
+Partition = Literal["fenced", "gone", "last"]
+PARTITIONS: tuple[Partition, ...] = ("fenced", "gone", "last")
 
 
 @dataclass(frozen=True)
@@ -55,11 +67,24 @@ class Work:
     ending: Ending
     rank: int = 0  # the node whose exit or kill decides the run
     code: int = 0  # its exit code (0: every node exits 0)
-    after: float = 2.0  # seconds the work runs before that happens
+    after: float = 2.0  # seconds the work runs before that happens (partition: the next epoch)
     max_restarts: int = 0
+    partition: Partition | None = None  # for ending partition
+    cut_after: float = 0.0  # partition: seconds the node runs its work before it is cut off
+
+    @property
+    def delete_fails(self) -> bool:
+        """The partitioned node's machine outlives its teardown (a leak the reconciler ends)."""
+        return self.partition in ("fenced", "last")
 
     def describe(self) -> str:
         restarts = f"max_restarts {self.max_restarts}"
+        if self.ending == "partition":
+            delete = "its delete fails" if self.delete_fails else "its delete succeeds"
+            return (
+                f"node {self.rank} partitioned after {self.cut_after:g}s, {delete} "
+                f"({self.partition}, {restarts})"
+            )
         if self.ending == "until_stopped":
             return f"runs until stopped ({restarts})"
         if self.ending == "kill":
@@ -151,9 +176,14 @@ def assign_roles(seed: int, names: list[str], nodes: list[int], mix: Mix) -> lis
         else:
             roles[index] = Role("lease", cancel_at=point)
     hostile = take(_share(mix.hostile_fraction, count), free)
-    works = _Deck(rng, ["kill-restart", "exit-code", "kill-last", "exit-0"], first_as_given=True)
+    cards = ["kill-restart", "exit-code", "kill-last", "exit-0", "partition"]
+    works = _Deck(rng, cards, first_as_given=True)
+    partitions = _Deck(rng, list(PARTITIONS), first_as_given=True)
     for index in take(_share(mix.run_fraction, count), free):
-        roles[index] = Role("run", work=_work(rng, str(works.deal()), nodes[index]))
+        card = str(works.deal())
+        if card == "partition":
+            card = f"partition-{partitions.deal()}"
+        roles[index] = Role("run", work=_work(rng, card, nodes[index]))
     leases = [i for i in free if i not in roles]  # plain leases: an impostor's real job
     cases = _Deck(rng, [IMPOSTOR, *sorted(set(CASES) - {IMPOSTOR})], first_as_given=True)
     for index in hostile:
@@ -187,9 +217,41 @@ def mid_step_rule(job: str) -> FaultRule:
     )
 
 
+def partition_rules(job: str, work: Work) -> list[FaultRule]:
+    """The partitioned node's create (its first attempt's, so that nothing else fails it over
+    first: no random rule is aimed at such a job) and, where it is planned so, its delete. The
+    player cuts the node off once it has run its work `cut_after` seconds (chaos/nodes.py)."""
+    node = f"{job}-a1-n{work.rank}-"
+    rules = [
+        FaultRule(
+            primitive="create",
+            effect="partitioned",
+            delay_seconds=PARTITION_BACKSTOP,
+            vm=node,
+            times=1,
+            message=f"chaos: node {work.rank} of {job} is cut off from the API",
+        )
+    ]
+    if work.delete_fails:  # every delete of it, until the calm reconcile pass
+        rules.append(
+            FaultRule(
+                primitive="delete",
+                kind=ErrorKind.FAILED,
+                vm=node,
+                message=f"chaos: the partitioned node {work.rank} of {job} cannot be deleted",
+            )
+        )
+    return rules
+
+
 def _work(rng: random.Random, card: str, nodes: int) -> Work:
     rank = rng.randrange(nodes)
     after = round(rng.uniform(1.0, 4.0), 2)
+    if card.startswith("partition-"):
+        partition: Partition = card.removeprefix("partition-")  # type: ignore[assignment]
+        restarts = 0 if partition == "last" else 1
+        cut_after = round(rng.uniform(1.0, 4.0), 2)
+        return Work("partition", rank, 0, after, restarts, partition, cut_after)
     if card == "kill-restart":
         return Work("kill", rank=rank, after=after, max_restarts=1)
     if card == "kill-last":

@@ -1,7 +1,8 @@
 """A run's plan, all from the seed: the jobs (sizes, arrival times, roles: chaos/mix.py), the
 fault rules (chaos/faults.py, plus the rules that make a cancel point visible:
-chaos/cancels.py), and the disruption schedule (worker SIGKILLs and dev server restarts at
-random moments inside the arrival window, each with a random down time)."""
+chaos/cancels.py, and those of a partitioned node: chaos/mix.py), and the disruption schedule
+(worker SIGKILLs and dev server restarts at random moments inside the arrival window, each with
+a random down time)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from chaos.mix import (
     Role,
     assign_roles,
     mid_step_rule,
+    partition_rules,
 )
 from gpuprov.models import JobSpec, JobStatus
 from gpuprov.sdk.client import JobHandle
@@ -123,8 +125,9 @@ def make_plan(options: Options, timings: Timings) -> Plan:
     targets = {job.role.impersonates for job in jobs if job.role.impersonates}
     for job in jobs:
         job.impersonated = job.name in targets
-    # Hostile starts never reach a cloud call: no rule is aimed at them.
-    aimed = [job.name for job in jobs if job.role.kind != "hostile"]
+    # Hostile starts never reach a cloud call: no rule is aimed at them. Nor at a partitioned
+    # job: a fault that failed its first attempt over would leave no node to cut off.
+    aimed = [job.name for job in jobs if job.role.kind != "hostile" and not _partitioned(job)]
     faults = plan_faults(rng, aimed, options.window, timings, options.density)
     for job in jobs:
         if job.role.cancel_at is not None:
@@ -134,6 +137,11 @@ def make_plan(options: Options, timings: Timings) -> Plan:
             ]
         if job.role.mid_step:
             faults.faults.append(PlannedFault(mid_step_rule(job.name), job.name, aid=True))
+        if job.role.work is not None and _partitioned(job):
+            faults.faults += [
+                PlannedFault(rule, job.name, role=True)
+                for rule in partition_rules(job.name, job.role.work)
+            ]
     actions = ["kill_worker"] * options.kills + ["restart_server"] * options.server_restarts
     rng.shuffle(actions)
     moments = sorted(rng.uniform(0.1, 0.9) * options.window for _ in actions)
@@ -148,6 +156,10 @@ def make_plan(options: Options, timings: Timings) -> Plan:
             restarts += 1
             disruptions.append(Disruption(at, action, round(rng.uniform(0.5, 3.0), 2), sig))
     return Plan(jobs, faults, _target_workers(disruptions, options))
+
+
+def _partitioned(job: JobRun) -> bool:
+    return job.role.work is not None and job.role.work.ending == "partition"
 
 
 def _target_workers(disruptions: list[Disruption], options: Options) -> list[Disruption]:

@@ -92,6 +92,8 @@ class Summary:
     reconcile_detail: list[str] = field(default_factory=list)
     live_after: list[str] = field(default_factory=list)
     open_work: list[str] = field(default_factory=list)  # work rows open when every job ended
+    # workers the liveness sweep found lost: (how many were partitioned, the VMs of the others)
+    lost_workers: tuple[int, list[str]] = (0, [])
     side_after: list[str] = field(default_factory=list)
     orphans_after: list[str] = field(default_factory=list)
     timeline: list[str] = field(default_factory=list)
@@ -132,6 +134,8 @@ class Summary:
             f"dev server restarts {self.restarts_done}/{self.restarts_requested}, "
             f"unplanned worker exits {self.unplanned_worker_exits}, "
             f"client RPC retries {self.rpc_retries}",
+            f"workers lost by the liveness sweep: {self.lost_workers[0]} partitioned, "
+            f"{len(self.lost_workers[1])} other(s)",
             f"before the reconcile pass: live instances {len(self.live_before_reconcile)}, "
             f"live side resources {len(self.side_before_reconcile)}, "
             f"open orphans {len(self.orphans_before_reconcile)}",

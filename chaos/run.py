@@ -14,7 +14,9 @@
    play the nodes of the jobs that run (chaos/nodes.py), and disrupt on schedule. The last job
    is submitted only once every disruption is done, so all of them happen while jobs are
    running. The worker is supervised: if it exits on its own it is restarted (and that is
-   reported).
+   reported). The liveness sweep runs as in production, from its Schedule (gpuprov-liveness,
+   every 2 s here: chaos/faults.py `Timings`): a node whose agent is silent for `lost_after` is
+   lost, and a job that runs on it restarts or fails.
 4. Wait until every job is terminal, with a deadline; a job still open then fails the run.
 5. Calm the cloud (the worker restarts without fault rules), read every job's final status,
    snapshot the cloud's ledger, run ONE reconcile pass (the Reconcile workflow), snapshot again
@@ -50,6 +52,7 @@ from chaos.checks import leftovers, resolved_orphans, standard_checks
 from chaos.faults import FaultPlan, Timings, worker_config
 from chaos.hostile import judge_hostile, start_hostile
 from chaos.nodes import NodePlayer
+from chaos.partitions import judge_overlaps, leases_by_job, lost_workers
 from chaos.plan import Disruption, JobRun, Options, job_spec, make_plan
 from chaos.postgres import ScratchPostgres
 from chaos.processes import DevServer, WorkerProcess
@@ -60,6 +63,7 @@ from chaos.workers import OTHER, SPREAD_JOBS_PER_WORKER, polling_pids, tasks_by_
 from gpuprov import contract
 from gpuprov.api.app import create_app, serving
 from gpuprov.cli.dev import free_port
+from gpuprov.engine.schedules import apply_liveness_schedule
 from gpuprov.engine.worker import open_records
 from gpuprov.models import JobState, workflow_id_for
 from gpuprov.sdk.client import GpuprovClient, GpuprovError, JobAlreadyExists, JobHandle, JobNotFound
@@ -213,7 +217,14 @@ class ChaosRun:
             self.client = await self.server.wait_ready(None)
             self.server_up.set()
             self.records = open_records(self.database_url)
-            app = create_app(self.records)
+            timings = self.timings
+            app = create_app(self.records, workers=timings.workers(), jobs=timings.jobs())
+            await apply_liveness_schedule(self.client, self.task_queue, timings.workers())
+            self.event(
+                f"liveness: heartbeats every {timings.heartbeat_interval:g}s, lost after "
+                f"{timings.lost_after:g}s, lease {timings.lease:g}s, stop grace "
+                f"{timings.stop_grace:g}s; the sweep's Schedule every {timings.sweep_every}s"
+            )
             async with serving(app, "127.0.0.1", self.api_port):
                 try:
                     await self._chaos_phase()
@@ -535,13 +546,23 @@ class ChaosRun:
         jobs, seed = self.plan.jobs, self.options.seed
         left = leftovers([job.name for job in jobs], before, orphan_vms, after)
         logs = self.player.logs if self.player is not None else {}
+        partitions = leases_by_job(str(self.state_path))
+        overlaps = None
+        if self.player is not None:
+            overlaps = judge_overlaps(
+                self.player, jobs, after["rows"], partitions, self.timings, seed,
+                self._epoch_start(),
+            )  # fmt: skip
         checks = [
             judge_hostile(jobs, seed),
             await judge_cancels(self, jobs, left),
-            judge_runs(jobs, logs, left, seed),
+            judge_runs(jobs, logs, left, seed, partitions),
+            overlaps,
             judge_largest(jobs, after["creates"], left, seed),
         ]
         self.summary.checks += [check for check in checks if check is not None]
+        assert self.records is not None
+        lost_workers(self.records, partitions, after["rows"], self.timings, self.summary)
         if self.player is not None:
             unfinished = await asyncio.to_thread(self.player.unfinished)
             if unfinished:

@@ -9,6 +9,11 @@ Jobs that run:
   (a fault), the job failed with its one restart recorded, each node started at most twice;
 - a node was killed without a restart left: the job failed, "no restart left", each node having
   started once;
+- a node was partitioned (cut off from the API, its machine running on): the liveness sweep
+  found its agent silent, and with a restart left the job completed on another offer with that
+  one restart, every node having run the second epoch (or, placing it again failed, it failed
+  with the restart recorded); without one it failed, "no restart left"; whether the epochs
+  overlapped is the overlap check's (chaos/checks.py);
 - never two epochs of a job unfinished at once, and nothing of the job live (see leftovers).
 A job that ended before its nodes could do what was planned (a fault failed it, or a cancel)
 is only said so.
@@ -26,14 +31,20 @@ from typing import TYPE_CHECKING
 from chaos.nodes import WorkLog
 from chaos.report import Check
 from gpuprov.models import AttemptOutcome, JobStatus
+from providers.fake.state import AgentLease
 
 if TYPE_CHECKING:
     from chaos.plan import JobRun
 
 
 def judge_runs(
-    jobs: list[JobRun], logs: dict[str, WorkLog], leftovers: dict[str, list[str]], seed: int
+    jobs: list[JobRun],
+    logs: dict[str, WorkLog],
+    leftovers: dict[str, list[str]],
+    seed: int,
+    partitions: dict[str, list[AgentLease]] | None = None,
 ) -> Check | None:
+    """`partitions`: job -> its partitioned machines' agent leases (the ledger's)."""
     runs = [job for job in jobs if job.role.work is not None and job.handle is not None]
     if not runs:
         return None
@@ -41,13 +52,16 @@ def judge_runs(
     verdicts: Counter[str] = Counter()
     for job in runs:
         log = logs.get(job.name, WorkLog())
-        verdict, trouble = _verdict(job, log)
+        if job.role.work is not None and job.role.work.ending == "partition":
+            verdict, trouble = _partitioned(job, log, (partitions or {}).get(job.name, []))
+        else:
+            verdict, trouble = _verdict(job, log)
         job.notes.append(f"{verdict}; {log.describe()}")
         verdicts[verdict.split(":")[0]] += 1
         trouble += log.overlaps[:3] + [f"left {x}" for x in leftovers.get(job.name, [])]
         problems += [f"seed {seed}: {job.name} ({job.role.describe()}): {t}" for t in trouble]
     return Check(
-        "jobs that run: exits, kills and restarts as planned, never two epochs at once",
+        "jobs that run: exits, kills, partitions and restarts as planned, never two epochs at once",
         not problems,
         f"{len(runs)} job(s): " + ", ".join(f"{v} {n}" for v, n in sorted(verdicts.items())),
         problems,
@@ -113,6 +127,41 @@ def _killed(job: JobRun, log: WorkLog, final: JobStatus) -> tuple[str, list[str]
     if state == "failed" and len(final.restarts) == 1 and all(starts[r] <= 2 for r in ranks):
         return f"killed, restarted, placing it again failed: {error[:80]}", []
     return f"killed with a restart left: ended {state}", [
+        f"ended {state} with {len(final.restarts)} restart(s), starts {dict(starts)}: {error}"
+    ]
+
+
+def _partitioned(job: JobRun, log: WorkLog, leases: list[AgentLease]) -> tuple[str, list[str]]:
+    work, final, state = job.role.work, job.final, job.state
+    assert work is not None
+    if final is None:
+        return f"no final status ({state})", [f"its final status could not be read ({state})"]
+    cut = [lease for lease in leases if lease.cut_at is not None]
+    if not cut:
+        return f"never cut off: ended {state}", []
+    error = _first_line(final.error)
+    silent = "went silent" in (final.error or "") or any(
+        "went silent" in restart.cause for restart in final.restarts
+    )
+    held = "" if log.cut else " (cut off before its work started)"
+    if work.max_restarts == 0:
+        trouble = []
+        if state != "failed" or "no restart left" not in (final.error or "") or not silent:
+            trouble.append(f"partitioned without a restart left but ended {state}: {error}")
+        return f"partitioned, lost, no restart left: failed{held}", trouble
+    starts = Counter(rank for _, rank in log.starts)
+    second = {rank for epoch, rank in log.starts if epoch == 1}
+    if state == "completed":
+        trouble = []
+        if len(final.restarts) != 1 or not silent:
+            causes = [restart.cause for restart in final.restarts]
+            trouble.append(f"{len(final.restarts)} restart(s), not 1 for its silence: {causes}")
+        if second != set(range(job.nodes)) or any(n > 2 for n in starts.values()):
+            trouble.append(f"the work started {sorted(log.starts)}, not once more on every node")
+        return f"partitioned, lost, restarted: completed{held}", trouble
+    if state == "failed" and len(final.restarts) == 1 and silent:
+        return f"partitioned, restarted, placing it again failed: {error[:80]}", []
+    return f"partitioned with a restart left: ended {state}", [
         f"ended {state} with {len(final.restarts)} restart(s), starts {dict(starts)}: {error}"
     ]
 

@@ -31,13 +31,15 @@ from typing import Any, cast
 import pytest
 
 from chaos.__main__ import parse
+from chaos.checks import overlapping_runs
 from chaos.faults import Timings
 from chaos.mix import Role, Work
-from chaos.nodes import WorkLog
+from chaos.nodes import Interval, Run, WorkLog, work_intervals
 from chaos.plan import JobRun, make_plan
 from chaos.runs import judge_runs
 from gpuprov.models import JobState, JobStatus
 from providers.fake import FakeCloudState
+from providers.fake.state import AgentLease, InstanceRow
 
 pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
@@ -80,6 +82,50 @@ def test_a_run_verdict_fails_a_killed_job_that_ran_its_work_once() -> None:
     check = judge_runs([job], {job.name: log}, {}, seed=1)
     assert check is not None and not check.ok
     assert any("not twice each" in line for line in check.detail), check.detail
+
+
+def test_the_overlap_check_fails_a_new_epoch_started_before_a_cut_off_node_stopped() -> None:
+    """The check can fail: a partitioned node's work ran on (its lease not over) while the next
+    epoch's started; one that started after it had stopped passes, the margin reported."""
+    cut_off = Interval(0, 0, start=100.0, end=172.0, how="cut off", cut=True)
+    given_up = Interval(0, 1, start=100.0, end=150.0, how="given up")
+    early = {"chaos-0001": [cut_off, given_up, Interval(1, 0, 160.0, 163.0, "exited")]}
+    check = overlapping_runs(early, planned=1, seed=1, epoch_start=100.0)
+    assert not check.ok and len(check.detail) == 1, check.detail
+    assert "epoch 0 node 0 (cut off, ran until t+72.0s)" in check.detail[0]
+    assert "ran 3.0s at once" in check.detail[0]
+    late = {"chaos-0001": [cut_off, given_up, Interval(1, 0, 182.5, 185.0, "exited")]}
+    check = overlapping_runs(late, planned=1, seed=1, epoch_start=100.0)
+    assert check.ok, check.detail
+    assert "1 cut off while running their work" in check.value
+    assert "started +10.5s after such a node's work had stopped" in check.value
+    endless = {"chaos-0001": [Interval(0, 0, 100.0, None, "no end known"), late["chaos-0001"][2]]}
+    assert not overlapping_runs(endless, planned=0, seed=1, epoch_start=100.0).ok
+
+
+def test_a_cut_off_nodes_work_runs_until_its_lease_and_grace_or_its_machine_end() -> None:
+    """The intervals the overlap check reads: a cut-off node's work runs to the stop its agent
+    recorded; a work given up without a report, to the moment seen plus a heartbeat and the
+    grace, or its machine's end if sooner; a reported exit, to the report."""
+    vms = ["chaos-0001-a1-n0-x", "chaos-0001-a1-n1-x", "chaos-0001-a2-n0-x"]
+    log = WorkLog(
+        runs={
+            "w0": Run(0, 0, vms[0], started=100.0, given_up=130.0),
+            "w1": Run(0, 1, vms[1], started=100.0, given_up=130.0),
+            "w2": Run(1, 0, vms[2], started=180.0, ended=183.0, how="exited"),
+        },
+        cut={"w0"},
+    )
+    lease = AgentLease("i0", vms[0], 110.0, None, 109.0, 60.0, "w0", 2.0, 171.0)
+    machines = [
+        InstanceRow("i1", vms[1], "r1", None, "o", "gpu8", "normal", 90.0, deleted_at=131.0)
+    ]
+    spans = work_intervals(log, machines, [lease], delete_delay=0.3, hears_within=4.0)
+    assert [(s.epoch, s.rank, s.end, s.how, s.cut) for s in spans] == [
+        (0, 0, 171.0, "cut off", True),
+        (0, 1, 131.3, "machine gone", False),
+        (1, 0, 183.0, "exited", False),
+    ]
 
 
 def test_small_chaos_run_keeps_every_promise(tmp_path: Path) -> None:

@@ -14,6 +14,15 @@ that escaped it is not waited for. What it leaves out is surviving its own end: 
 worker's process, so a killed worker ends its nodes' work with it, and a deleted instance kills
 its work.
 `[providers.fake] run_work = false` leaves the work rows to a test that plays the nodes itself.
+
+It keeps the node's lease as gpuprov.node does (`Lease`; gpuprov/node/lease.py): each answered
+heartbeat renews it for the answer's `lease_seconds`, counted from when that heartbeat was sent.
+A node whose link is cut (`CutOff`, the fake cloud's `partitioned` effect) reaches the API no
+more; the work it runs is stopped once the lease is over (SIGTERM, the grace period, SIGKILL)
+and its end reported, marked `lease_lapsed`, if the API is ever reached again. With the work
+run elsewhere, such a node still reads each assignment its heartbeats name
+(`read_assignments`), so the fake cloud's ledger knows the work it holds and the grace it would
+give it, and so when that work has stopped (`FakeCloudState.agent_leases`).
 """
 
 from __future__ import annotations
@@ -24,7 +33,9 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -115,6 +126,59 @@ def _pause(response: httpx.Response) -> float:
         return RETRY_PAUSE
 
 
+class CutOff(httpx.AsyncBaseTransport):
+    """The node's link to the API, cut for good once `cut_off()` says so (None: never): from
+    then on nothing the agent sends arrives, as a cut cable looks to it (a connection error)."""
+
+    def __init__(self, cut_off: Callable[[], bool] | None = None) -> None:
+        self.cut_off = cut_off
+        self._through = httpx.AsyncHTTPTransport()
+
+    def cut(self) -> bool:
+        return self.cut_off is not None and self.cut_off()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.cut():
+            raise httpx.ConnectError("cut off from the API", request=request)
+        return await self._through.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self._through.aclose()
+
+
+class Lease:
+    """The node's lease, as gpuprov/node/lease.py keeps it but in wall-clock time (the fake
+    cloud's ledger keeps it across worker processes): renewed by each answered heartbeat for the
+    `lease_seconds` its answer grants, counted from when that heartbeat was sent. `keep` is told
+    every renewal (sent_at, seconds or None for no lease)."""
+
+    def __init__(
+        self,
+        sent_at: float | None = None,
+        seconds: float | None = None,
+        keep: Callable[[float, float | None], None] | None = None,
+    ) -> None:
+        self.sent_at, self.seconds, self.keep = sent_at, seconds, keep
+
+    def renew(self, sent_at: float, seconds: object) -> None:
+        """A heartbeat sent at `sent_at` was answered, granting `seconds` (None, not a number
+        or not positive: no lease)."""
+        number = isinstance(seconds, int | float) and not isinstance(seconds, bool)
+        granted = float(seconds) if number else 0.0  # type: ignore[arg-type]
+        self.sent_at, self.seconds = sent_at, granted if granted > 0 else None
+        if self.keep is not None:
+            self.keep(sent_at, self.seconds)
+
+    @property
+    def until(self) -> float | None:
+        """When it lapses (None: no lease granted yet)."""
+        return None if self.sent_at is None or self.seconds is None else self.sent_at + self.seconds
+
+    def lapsed(self) -> bool:
+        until = self.until
+        return until is not None and time.time() >= until
+
+
 class Watch:
     """What the last heartbeat's answer said: whether the worker may have work (reserved or
     busy), so an idle node does not keep asking for it."""
@@ -133,37 +197,85 @@ async def heartbeat(
     credential: str,
     health: Callable[[], tuple[bool, str | None]],
     watch: Watch | None = None,
+    *,
+    lease: Lease | None = None,
+    cut_off: Callable[[], bool] | None = None,
 ) -> None:
     """Heartbeat with `health()` (healthy, detail) until the credential is refused (401); each
-    answer goes to `watch`."""
+    answer renews `lease` and goes to `watch`. Once `cut_off()`, none arrives (`CutOff`)."""
     interval = HEARTBEAT_INTERVAL
     headers = {"Authorization": f"Bearer {credential}"}
-    async with httpx.AsyncClient(base_url=api_url, timeout=30, headers=headers) as http:
+    link = CutOff(cut_off)
+    async with httpx.AsyncClient(
+        base_url=api_url, timeout=30, headers=headers, transport=link
+    ) as http:
         while True:
             healthy, detail = health()
+            sent_at = time.time()
             try:
                 response = await http.post(
                     "/v1/workers/heartbeat", json={"healthy": healthy, "detail": detail}
                 )
             except httpx.HTTPError as error:
-                log.info("fake agent: heartbeat failed (%s), retrying", error)
+                if not link.cut():  # a cut-off node tries on, unheard: no line each time
+                    log.info("fake agent: heartbeat failed (%s), retrying", error)
                 await asyncio.sleep(RETRY_PAUSE)
                 continue
             if response.status_code == 401:
                 return  # revoked: the real agent exits here
             if response.status_code == 200:
-                interval = float(response.json().get("interval_seconds", interval))
+                answer = response.json()
+                interval = float(answer.get("interval_seconds", interval))
+                if lease is not None:
+                    lease.renew(sent_at, answer.get("lease_seconds"))
                 if watch is not None:
-                    watch.heard(response.json())
+                    watch.heard(answer)
             await asyncio.sleep(interval)
 
 
-async def run_work(api_url: str, credential: str, watch: Watch) -> None:
+async def read_assignments(
+    api_url: str,
+    credential: str,
+    watch: Watch,
+    hold: Callable[[str, float], None],
+    *,
+    cut_off: Callable[[], bool] | None = None,
+) -> None:
+    """With the work run elsewhere (`run_work = false`): each assignment the heartbeats name
+    is read once, as the agent reads it before starting it, and `hold` is told its id and its
+    stop grace period, until the task is cancelled."""
+    headers = {"Authorization": f"Bearer {credential}"}
+    async with httpx.AsyncClient(
+        base_url=api_url, timeout=30, headers=headers, transport=CutOff(cut_off)
+    ) as http:
+        held: str | None = None
+        while True:
+            if watch.named is not None and watch.named != held:
+                assignment = await _call(http, "GET", "/v1/work", retry=False)
+                if isinstance(assignment, dict) and assignment.get("id") == watch.named:
+                    held = watch.named
+                    hold(held, float(assignment.get("stop_grace_seconds", 30)))
+            await asyncio.sleep(WORK_POLL)
+
+
+async def run_work(
+    api_url: str,
+    credential: str,
+    watch: Watch,
+    *,
+    lease: Lease | None = None,
+    cut_off: Callable[[], bool] | None = None,
+    hold: Callable[[str, float], None] | None = None,
+) -> None:
     """Each assignment this worker is given, run once, until the task is cancelled (the
     instance deleted, the credential refused): whatever still runs is killed then. The work is
-    asked for only while the heartbeats say the worker is reserved or busy."""
+    asked for only while the heartbeats say the worker is reserved or busy; none starts while
+    `lease` is over, and one that runs is stopped once it is. `hold` is told each assignment
+    taken (its id and stop grace period)."""
     headers = {"Authorization": f"Bearer {credential}"}
-    async with httpx.AsyncClient(base_url=api_url, timeout=30, headers=headers) as http:
+    async with httpx.AsyncClient(
+        base_url=api_url, timeout=30, headers=headers, transport=CutOff(cut_off)
+    ) as http:
         done: set[str] = set()
         pause = WORK_POLL
         while True:
@@ -175,8 +287,13 @@ async def run_work(api_url: str, credential: str, watch: Watch) -> None:
             assignment = await _call(http, "GET", "/v1/work", retry=False)
             # {} is "none yet": a reserved node can ask before its job has written the work.
             if isinstance(assignment, dict) and assignment and assignment["id"] not in done:
+                if lease is not None and lease.lapsed():
+                    await asyncio.sleep(pause)  # the real agent starts nothing then
+                    continue
                 done.add(assignment["id"])
-                await _execute(http, assignment)
+                if hold is not None:
+                    hold(assignment["id"], float(assignment.get("stop_grace_seconds", 30)))
+                await _execute(http, assignment, lease)
                 pause = WORK_POLL
             await asyncio.sleep(pause)
             pause = min(pause * 2, MAX_WORK_POLL)
@@ -204,7 +321,9 @@ async def _call(http: httpx.AsyncClient, method: str, path: str, body: Any = Non
         await asyncio.sleep(RETRY_PAUSE)
 
 
-async def _execute(http: httpx.AsyncClient, assignment: dict[str, Any]) -> None:
+async def _execute(
+    http: httpx.AsyncClient, assignment: dict[str, Any], lease: Lease | None = None
+) -> None:
     work = f"/v1/work/{assignment['id']}"
     if not isinstance(await _call(http, "POST", f"{work}/started", {}), dict):
         return  # refused: stopped or given up before it started
@@ -214,6 +333,7 @@ async def _execute(http: httpx.AsyncClient, assignment: dict[str, Any]) -> None:
     output = _Output(http, work)
     code = 0
     groups: list[int] = []
+    stop = _Stop(lease)
     try:
         for script in (command.get("setup"), command.get("run")):
             if script and code == 0:
@@ -223,14 +343,17 @@ async def _execute(http: httpx.AsyncClient, assignment: dict[str, Any]) -> None:
                     start_new_session=True,
                 )  # fmt: skip
                 groups.append(process.pid)
-                code = await _follow(http, assignment, process, output)
+                code = await _follow(http, assignment, process, output, stop)
     finally:  # the work's end, or cancelled (the machine is gone): all it started dies with it
         for group in groups:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(group, signal.SIGKILL)
         await asyncio.to_thread(sweep, assignment["id"])
     await output.flush()
-    await _call(http, "POST", f"{work}/exit", {"code": code, "tail": output.tail})
+    body: dict[str, Any] = {"code": code, "tail": output.tail}
+    if stop.lease_lapsed:
+        body["lease_lapsed"] = True
+    await _call(http, "POST", f"{work}/exit", body)
 
 
 async def _follow(
@@ -238,52 +361,65 @@ async def _follow(
     assignment: dict[str, Any],
     process: asyncio.subprocess.Process,
     output: _Output,
+    stop: _Stop,
 ) -> int:
-    """Until the main process has exited: its output sent, and a stop asked for honoured. Its
-    exit is its returncode, set as it is reaped: process.wait() also waits for its pipes to
-    close, which a background process it left may never do. Then what it wrote is read for
-    DRAIN_SECONDS at most."""
+    """Until the main process has exited: its output sent, and a stop asked for (or a lapsed
+    lease) honoured. Its exit is its returncode, set as it is reaped: process.wait() also waits
+    for its pipes to close, which a background process it left may never do. Then what it
+    wrote is read for DRAIN_SECONDS at most."""
     readers = [
         asyncio.create_task(output.read(process.stdout, "stdout")),
         asyncio.create_task(output.read(process.stderr, "stderr")),
     ]
-    stopping_since: float | None = None
     loop = asyncio.get_running_loop()
     look_at = loop.time() + WORK_POLL
     while process.returncode is None:
         await asyncio.sleep(EXIT_POLL)
         if process.returncode is None and loop.time() >= look_at:
             look_at = loop.time() + WORK_POLL
-            await output.flush()
-            stopping_since = await _honour_stop(http, assignment, process, stopping_since)
+            await output.flush(patient=False)  # never held up here: the stop must go on
+            await _honour_stop(http, assignment, process, stop)
     _, unfinished = await asyncio.wait(readers, timeout=DRAIN_SECONDS)
     for reader in unfinished:
         reader.cancel()
     return process.returncode
 
 
+@dataclass
+class _Stop:
+    """A work's stop: since when (loop time; None: not stopping), and whether the node's lease
+    lapsing began it."""
+
+    lease: Lease | None
+    since: float | None = None
+    lease_lapsed: bool = False
+
+    def lapsed(self) -> bool:
+        return self.lease is not None and self.lease.lapsed()
+
+
 async def _honour_stop(
     http: httpx.AsyncClient,
     assignment: dict[str, Any],
     process: asyncio.subprocess.Process,
-    stopping_since: float | None,
-) -> float | None:
-    """Read the assignment again: asked to stop (or given up), SIGTERM, then SIGKILL once the
-    grace period has passed. When the stop began (None: not stopping)."""
-    current = await _call(http, "GET", "/v1/work", retry=False)
-    stop = current == {} or (
+    stop: _Stop,
+) -> None:
+    """Stop the work (SIGTERM, then SIGKILL once the grace period has passed) when the node's
+    lease is over, or when the assignment read again says to (asked to stop, or given up)."""
+    lapsed = stop.lapsed()
+    current = None if lapsed else await _call(http, "GET", "/v1/work", retry=False)
+    asked = current == {} or (
         isinstance(current, dict)
         and (current.get("id") != assignment["id"] or current["state"] == "stop_requested")
     )
     grace = float(assignment.get("stop_grace_seconds", 30))
     now = asyncio.get_running_loop().time()
     with contextlib.suppress(ProcessLookupError):
-        if stop and stopping_since is None:
-            stopping_since = now
+        if (asked or lapsed) and stop.since is None:
+            stop.since, stop.lease_lapsed = now, lapsed
             os.killpg(process.pid, signal.SIGTERM)
-        if stopping_since is not None and now - stopping_since > grace:
+        if stop.since is not None and now - stop.since > grace:
             os.killpg(process.pid, signal.SIGKILL)
-    return stopping_since
 
 
 class _Output:
@@ -302,12 +438,15 @@ class _Output:
             self.pending.append((name, decoder.decode(data)))
         self.pending.append((name, decoder.decode(b"", final=True)))
 
-    async def flush(self) -> None:
+    async def flush(self, patient: bool = True) -> None:
+        """Send what is pending, in order; not `patient`: stop at the first chunk that does not
+        get through (it goes first next time)."""
         while self.pending:
-            name, text = self.pending.pop(0)
-            if not text:
-                continue
-            body = {"seq": self.seq, "stream": name, "data": text}
-            await _call(self.http, "POST", self.path, body)
-            self.seq += 1
-            self.tail = (self.tail + text)[-TAIL_CHARS:]
+            name, text = self.pending[0]
+            if text:
+                body = {"seq": self.seq, "stream": name, "data": text}
+                if await _call(self.http, "POST", self.path, body, retry=patient) is None:
+                    return
+                self.seq += 1
+                self.tail = (self.tail + text)[-TAIL_CHARS:]
+            self.pending.pop(0)

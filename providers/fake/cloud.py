@@ -18,8 +18,13 @@ Primitive -> what happens in the ledger:
   says the cloud took it back (`FakeCloudState.preempt`). A Running instance's agent starts
   there: the simulated one (`simulate_agent`, providers/fake/agent.py) registers through the
   real API with the join token from its bootstrap, heartbeats and runs the node's work (unless
-  `run_work = false`); the real one (`agent = "real"`, providers/fake/node.py) is
-  agent.pyz `run` in a local process, fetched and pinned as on a cloud-init machine.
+  `run_work = false`: then, its machine running on when the worker process that ran it dies,
+  the next worker process takes its heartbeats over, with the credential it kept, at its first
+  calls or when it observes the machine); a
+  `partitioned` one is cut off from the API `delay_seconds` after it registered, or sooner
+  when the ledger says so (`FakeCloudState.cut_off`). The real
+  one (`agent = "real"`, providers/fake/node.py) is agent.pyz `run` in a local process,
+  fetched and pinned as on a cloud-init machine.
 - observe_region: the same for every VM in the region in one call (counted as "list").
 - sweep_regions: every configured region (no call).
 - delete: marks the given ids deleted (unknown ids are success) and stops their agents.
@@ -39,7 +44,7 @@ import random
 import shutil
 import tempfile
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -61,8 +66,10 @@ from providers.base import (
 from providers.errors import ErrorKind, ProviderError
 from providers.fake.agent import (
     GPU_FAULT_DETAILS,
+    Lease,
     Watch,
     heartbeat,
+    read_assignments,
     register,
     run_work,
     simulated_capabilities,
@@ -83,8 +90,13 @@ BOOT_MODES = {
     "boot_hang": "hang",
     "bad_runtime": "bad_runtime",
     "no_agent": "no_agent",
+    "partitioned": "partitioned",
     **{fault: fault for fault in GPU_FAULTS},
 }
+TAKEOVER_EVERY = 2.0  # seconds between looks for agents a dead worker process left
+# Effects that show `delay_seconds` after the machine boots (the GPU faults) or after its agent
+# registered (a partition).
+LATER_EFFECTS = (*GPU_FAULTS, "partitioned")
 
 
 class FakeCloud(CloudProvider):
@@ -102,6 +114,7 @@ class FakeCloud(CloudProvider):
         self.shuffle_offers = shuffle_offers  # seed of plan's offer order; None: cheapest first
         self._agents: dict[str, asyncio.Task[None]] = {}  # instance id -> simulated agent
         self._landing: set[asyncio.Future[Any]] = set()  # `lands_late` calls still to land
+        self._next_takeover = 0.0  # when to look for agents a dead worker process left
         self.nodes: dict[str, node.Node] = {}  # instance id -> real agent (agent = "real")
         self._own_root: str | None = None
         self._fixtures = Path(config.nvidia_smi_fixtures or node.DEFAULT_FIXTURES)
@@ -186,7 +199,7 @@ class FakeCloud(CloudProvider):
             api_url=spec.bootstrap.api_url if spec.bootstrap else None,
             join_token=spec.bootstrap.join_token if spec.bootstrap else None,
             user_data=self._user_data(spec) if real else None,
-            fault_after=fault.delay_seconds if fault and effect in GPU_FAULTS else 0.0,
+            fault_after=fault.delay_seconds if fault and effect in LATER_EFFECTS else 0.0,
             image=spec.image,
             ports=spec.ports,
         )
@@ -286,6 +299,21 @@ class FakeCloud(CloudProvider):
         """Instances deleted at or before this time are gone from what the cloud reports."""
         return now - self.config.delete_delay_seconds
 
+    def _take_over_agents(self) -> None:
+        """Every few seconds, at a call: the agents of running machines that registered under
+        a worker process now dead go on from this one, whether or not a job still observes
+        their machines (a lease that is ready, a job whose worker died mid-step)."""
+        now = time.time()
+        if self.config.agent_mode != "simulated" or self.config.run_work:
+            return
+        if now < self._next_takeover:
+            return
+        self._next_takeover = now + TAKEOVER_EVERY
+        for row in self.state.registered_agents():
+            instance = self._observed(row, now)
+            if instance is not None and instance.status is InstanceStatus.RUNNING:
+                self._boot_agent(row)
+
     def _boot_agent(self, row: InstanceRow) -> None:
         """A booted instance's agent starts once; observe is where the fake notices the boot,
         so a restarted worker picks up simulated agents that had not registered yet. Several
@@ -299,12 +327,17 @@ class FakeCloud(CloudProvider):
                 self.nodes[row.id] = self._boot_node(row)
             return
         pending = row.agent_state in ("pending", "running")
-        if self.config.agent_mode != "simulated" or not pending:
+        # Registered already, by a worker process that died: its heartbeats go on from here.
+        # Not where it ran the work itself: that died with the process, and so does the node.
+        resumed = row.agent_state == "registered" and row.credential is not None
+        resumed = resumed and not self.config.run_work
+        if self.config.agent_mode != "simulated" or not (pending or resumed):
             return
         task = self._agents.get(row.id)
         if not row.join_token or (task is not None and not task.done()):
             return
-        if not self.state.claim_agent(row.id):
+        claimed = self.state.resume_agent(row.id) if resumed else self.state.claim_agent(row.id)
+        if not claimed:
             return
         self._agents[row.id] = asyncio.create_task(self._run_agent(row))
 
@@ -312,10 +345,17 @@ class FakeCloud(CloudProvider):
         assert row.api_url is not None and row.join_token is not None
         instance_type = next(t for t in self.config.instance_types if t.name == row.instance_type)
         capabilities = simulated_capabilities(instance_type, row.boot_mode == "bad_runtime")
-        credential = await register(row.api_url, row.join_token, capabilities)
-        self.state.set_agent_state(row.id, "registered" if credential else "rejected")
+        credential = row.credential
+        partitioned = row.boot_mode == "partitioned"
         if credential is None:
-            return
+            credential = await register(row.api_url, row.join_token, capabilities)
+            if credential is None:
+                self.state.set_agent_state(row.id, "rejected")
+                return
+            cut_at = time.time() + row.fault_after if partitioned else None
+            self.state.registered(row.id, credential, cut_at)
+        # The ledger says when a partitioned node's link is cut (a test may cut it sooner).
+        cut_off = (lambda: self.state.is_cut_off(row.id)) if partitioned else None
         broken_from = row.created_at + self.config.boot_delay_seconds + row.fault_after
 
         def health() -> tuple[bool, str | None]:
@@ -326,15 +366,39 @@ class FakeCloud(CloudProvider):
             return True, None
 
         watch = Watch()
+        lease, hold = self._lease(row.id, partitioned)
         work = None
         if self.config.run_work:
-            work = asyncio.create_task(run_work(row.api_url, credential, watch))
+            work = asyncio.create_task(
+                run_work(row.api_url, credential, watch, lease=lease, cut_off=cut_off, hold=hold)
+            )
+        elif hold is not None:
+            work = asyncio.create_task(
+                read_assignments(row.api_url, credential, watch, hold, cut_off=cut_off)
+            )
         try:
-            await heartbeat(row.api_url, credential, health, watch)
+            await heartbeat(row.api_url, credential, health, watch, lease=lease, cut_off=cut_off)
+            self.state.set_agent_state(row.id, "ended")  # its credential was refused
         finally:  # revoked, or the instance deleted: its work ends with it
             if work is not None:
                 work.cancel()
                 await asyncio.gather(work, return_exceptions=True)
+
+    def _lease(
+        self, instance_id: str, partitioned: bool
+    ) -> tuple[Lease, Callable[[str, float], None] | None]:
+        """The agent's lease and, for one that is to be cut off (the only kind whose lease can
+        lapse here), what keeps it and the work it holds in the ledger: read back from there
+        when another worker process takes the agent over."""
+        if not partitioned:
+            return Lease(), None
+        kept = self.state.agent_lease(instance_id)
+        lease = Lease(
+            kept.sent_at if kept else None,
+            kept.lease_seconds if kept else None,
+            keep=lambda sent_at, seconds: self.state.renew_lease(instance_id, sent_at, seconds),
+        )
+        return lease, lambda work_id, grace: self.state.hold_work(instance_id, work_id, grace)
 
     def _boot_node(self, row: InstanceRow) -> node.Node:
         """The real agent on the instance, in its own root under the agent root."""
@@ -366,6 +430,7 @@ class FakeCloud(CloudProvider):
         """Simulate latency, count the call, and return (or raise) the fault that fires."""
         if self.config.call_latency_seconds:
             await asyncio.sleep(self.config.call_latency_seconds)
+        self._take_over_agents()
         self.state.count_call(primitive, region)
         for index, rule in enumerate(self.config.faults):
             if not _matches(rule, primitive, region, offer, vm):

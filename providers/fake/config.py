@@ -44,6 +44,7 @@ FaultEffect = Literal[
     "gpu_missing",
     "delay",
     "lands_late",
+    "partitioned",
 ]
 # Effects on the node's GPUs, noticed by its agent's heartbeats `delay_seconds` after boot.
 GPU_FAULTS = ("gpu_lost", "ecc_error", "gpu_missing")
@@ -66,6 +67,14 @@ class FaultRule(Model):
     - gpu_lost / ecc_error / gpu_missing (create): the instance boots healthy; `delay_seconds`
       after boot one GPU falls off the bus (Xid 79), has an uncorrectable ECC error (Xid 48), or
       vanishes from nvidia-smi's list, and the agent's heartbeats say so.
+    - partitioned (create): the instance boots and its agent registers and heartbeats as
+      usual; `delay_seconds` after it registered (or sooner, at the moment a test or the chaos
+      harness chooses: `FakeCloudState.cut_off`), it is cut off from the API for good (nothing
+      it sends arrives any more) while the machine runs on. It keeps the lease rule of the real
+      agent: the work it holds stops once the lease of the last heartbeat answered (counted
+      from when it was sent) and the stop grace period are over, and the ledger says when
+      (`FakeCloudState.agent_leases`). Pair it with a `delete` rule on the same VM prefix to
+      keep the machine running after its job gave it up.
     - delay: the call sleeps `delay_seconds`, then proceeds normally (a slow API).
     - lands_late (prepare, create): the call takes `delay_seconds` and is then carried out even
       if its caller stopped waiting meanwhile (a request that reached the cloud, its answer

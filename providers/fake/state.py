@@ -1,4 +1,6 @@
-"""The fake cloud's ledger: instances, side resources, fault counters and call counts.
+"""The fake cloud's ledger: instances, side resources, fault counters and call counts, and what
+the simulated agents keep on their machines' disks (their credential, and the lease of an agent
+that is to be cut off from the API).
 
 Kept in SQLite so it can live in a file that survives a worker restart and that a test (or the
 chaos harness) in another process can read: every instance ever created stays as a row, so
@@ -34,7 +36,9 @@ CREATE TABLE IF NOT EXISTS instances (
     user_data TEXT,
     fault_after REAL NOT NULL DEFAULT 0,
     image TEXT,
-    ports TEXT NOT NULL DEFAULT '[]'
+    ports TEXT NOT NULL DEFAULT '[]',
+    credential TEXT,
+    cut_at REAL
 );
 CREATE INDEX IF NOT EXISTS instances_vm ON instances (vm, region);
 CREATE TABLE IF NOT EXISTS side_resources (
@@ -54,6 +58,14 @@ CREATE TABLE IF NOT EXISTS fault_fires (
     rule INTEGER PRIMARY KEY,
     fired INTEGER NOT NULL
 );
+CREATE TABLE IF NOT EXISTS agent_leases (
+    id TEXT PRIMARY KEY,
+    sent_at REAL,
+    lease_seconds REAL,
+    work_id TEXT,
+    stop_grace REAL,
+    work_stops_at REAL
+);
 CREATE TABLE IF NOT EXISTS calls (
     primitive TEXT NOT NULL,
     region TEXT NOT NULL,
@@ -69,7 +81,13 @@ NEWER_COLUMNS = {
     "fault_after": "REAL NOT NULL DEFAULT 0",
     "image": "TEXT",
     "ports": "TEXT NOT NULL DEFAULT '[]'",
+    "credential": "TEXT",
+    "cut_at": "REAL",
 }
+INSTANCE_COLUMNS = (
+    "id, vm, region, zone, offer_id, instance_type, boot_mode, created_at, deleted_at, api_url, "
+    "join_token, agent_state, user_data, fault_after, image, ports, credential, cut_at"
+)
 
 
 @dataclass(frozen=True)
@@ -81,19 +99,42 @@ class InstanceRow:
     offer_id: str
     instance_type: str
     # normal / failed / hang / bad_runtime / no_agent / preempted / gpu_lost / ecc_error /
-    # gpu_missing
+    # gpu_missing / partitioned
     boot_mode: str
     created_at: float
     deleted_at: float | None
     api_url: str | None = None  # the node's bootstrap (the cloud's "user data")
     join_token: str | None = None
     # pending / running (a worker process runs its simulated agent) / registered / rejected /
-    # started (the real agent)
+    # ended (its credential was refused) / started (the real agent)
     agent_state: str = "pending"
     user_data: str | None = None  # what cloud-init would get (the real-agent mode)
-    fault_after: float = 0.0  # a GPU fault (gpu_lost, ...) shows this long after boot
+    # A GPU fault (gpu_lost, ...) shows this long after boot; a partition this long after the
+    # agent registered.
+    fault_after: float = 0.0
     image: str | None = None  # what create was asked to boot (the spec's image)
     ports: tuple[int, ...] = ()  # what create was asked to open (the spec's ports)
+    credential: str | None = None  # the simulated agent's, once registered (kept on its disk)
+    cut_at: float | None = None  # a partitioned agent: cut off from the API from then on
+
+
+@dataclass(frozen=True)
+class AgentLease:
+    """What a simulated agent that is to be cut off from the API last heard (the lease rule of
+    gpuprov/node/lease.py, in wall-clock time): the last answered heartbeat's send time and the
+    lease it granted, the work it holds and the stop grace its assignment gives, and so when
+    that work has stopped if nothing more is answered (`work_stops_at`: the lease's end plus the
+    grace; None while it holds no work or was granted no lease)."""
+
+    id: str
+    vm: str
+    cut_at: float | None
+    deleted_at: float | None
+    sent_at: float | None
+    lease_seconds: float | None
+    work_id: str | None
+    stop_grace: float | None
+    work_stops_at: float | None
 
 
 class FakeCloudState:
@@ -217,18 +258,13 @@ class FakeCloudState:
         at or before that time: a region's list builds and judges its live instances only (the
         scan of the table stays in SQLite, which uses no index with these optional filters)."""
         query = (
-            "SELECT id, vm, region, zone, offer_id, instance_type, boot_mode, created_at, "
-            "deleted_at, api_url, join_token, agent_state, user_data, fault_after, image, ports "
-            "FROM instances "
+            f"SELECT {INSTANCE_COLUMNS} FROM instances "
             "WHERE (? IS NULL OR vm = ?) AND (? IS NULL OR region = ?) "
             "AND (? IS NULL OR deleted_at IS NULL OR deleted_at > ?) "
             "ORDER BY seq"
         )
         args = (vm, vm, region, region, gone_by, gone_by)
-        return [
-            InstanceRow(*row[:-1], ports=tuple(json.loads(row[-1])))
-            for row in self._db.execute(query, args).fetchall()
-        ]
+        return [_instance_row(row) for row in self._db.execute(query, args).fetchall()]
 
     def claim_agent(self, instance_id: str, pid: int | None = None) -> bool:
         """Whether process `pid` (this one by default) is to run the instance's agent: a node
@@ -250,6 +286,102 @@ class FakeCloudState:
                 (pid, instance_id),
             )
         return True
+
+    def resume_agent(self, instance_id: str, pid: int | None = None) -> bool:
+        """Whether process `pid` (this one by default) is to run the heartbeats of an agent that
+        registered already: its machine runs on when the worker process that ran it dies, so
+        another one takes it over, with the credential kept on the machine. No while a live
+        process (another, or this one) runs it, or once its credential was refused."""
+        pid = os.getpid() if pid is None else pid
+        with self._transaction() as db:
+            row = db.execute(
+                "SELECT agent_state, agent_pid, credential FROM instances WHERE id = ?",
+                (instance_id,),
+            ).fetchone()
+            if row is None or row[0] != "registered" or row[2] is None:
+                return False
+            if row[1] != pid and _alive(row[1]):
+                return False
+            db.execute("UPDATE instances SET agent_pid = ? WHERE id = ?", (pid, instance_id))
+        return True
+
+    def registered_agents(self) -> list[InstanceRow]:
+        """Instances not deleted whose simulated agent registered and kept its credential."""
+        query = (
+            f"SELECT {INSTANCE_COLUMNS} FROM instances WHERE agent_state = 'registered' "
+            "AND credential IS NOT NULL AND deleted_at IS NULL ORDER BY seq"
+        )
+        return [_instance_row(row) for row in self._db.execute(query).fetchall()]
+
+    def registered(self, instance_id: str, credential: str, cut_at: float | None) -> None:
+        """The simulated agent registered: its credential (and, partitioned, when it is cut off
+        from the API at the latest) are kept for whichever worker process runs it next."""
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE instances SET agent_state = 'registered', credential = ?, "
+                "cut_at = CASE WHEN cut_at IS NULL OR cut_at > ? THEN ? ELSE cut_at END "
+                "WHERE id = ?",
+                (credential, cut_at, cut_at, instance_id),
+            )
+
+    def cut_off(self, instance_id: str, at: float | None = None) -> None:
+        """A partitioned agent is cut off from the API from `at` (now by default), or from when
+        it was to be already if that is sooner."""
+        at = time.time() if at is None else at
+        with self._transaction() as db:
+            db.execute(
+                "UPDATE instances SET cut_at = ? WHERE id = ? AND (cut_at IS NULL OR cut_at > ?)",
+                (at, instance_id, at),
+            )
+
+    def is_cut_off(self, instance_id: str) -> bool:
+        row = self._db.execute("SELECT cut_at FROM instances WHERE id = ?", (instance_id,))
+        found = row.fetchone()
+        return found is not None and found[0] is not None and time.time() >= found[0]
+
+    def renew_lease(self, instance_id: str, sent_at: float, seconds: float | None) -> None:
+        """A heartbeat the agent sent at `sent_at` was answered, granting `seconds`."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO agent_leases (id, sent_at, lease_seconds) VALUES (?, ?, ?) "
+                "ON CONFLICT (id) DO UPDATE SET sent_at = excluded.sent_at, "
+                "lease_seconds = excluded.lease_seconds",
+                (instance_id, sent_at, seconds),
+            )
+            self._stops_at(db, instance_id)
+
+    def hold_work(self, instance_id: str, work_id: str, stop_grace: float) -> None:
+        """The agent holds the work `work_id` (read from its assignment, with its grace)."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT INTO agent_leases (id, work_id, stop_grace) VALUES (?, ?, ?) "
+                "ON CONFLICT (id) DO UPDATE SET work_id = excluded.work_id, "
+                "stop_grace = excluded.stop_grace",
+                (instance_id, work_id, stop_grace),
+            )
+            self._stops_at(db, instance_id)
+
+    @staticmethod
+    def _stops_at(db: sqlite3.Connection, instance_id: str) -> None:
+        db.execute(
+            "UPDATE agent_leases SET work_stops_at = CASE WHEN work_id IS NOT NULL "
+            "AND sent_at IS NOT NULL AND lease_seconds IS NOT NULL "
+            "THEN sent_at + lease_seconds + COALESCE(stop_grace, 0) END WHERE id = ?",
+            (instance_id,),
+        )
+
+    def agent_lease(self, instance_id: str) -> AgentLease | None:
+        return next((lease for lease in self.agent_leases() if lease.id == instance_id), None)
+
+    def agent_leases(self) -> list[AgentLease]:
+        """The lease of every partitioned instance's agent (the only ones kept), with the
+        instance's VM, cut-off time and deletion; its fields None until its agent heard them."""
+        rows = self._db.execute(
+            "SELECT i.id, i.vm, i.cut_at, i.deleted_at, l.sent_at, l.lease_seconds, l.work_id, "
+            "l.stop_grace, l.work_stops_at FROM instances i LEFT JOIN agent_leases l "
+            "ON l.id = i.id WHERE i.boot_mode = 'partitioned' ORDER BY i.seq"
+        ).fetchall()
+        return [AgentLease(*row) for row in rows]
 
     def set_agent_state(self, instance_id: str, agent_state: str) -> None:
         with self._transaction() as db:
@@ -309,6 +441,13 @@ class FakeCloudState:
         return self._db.execute(
             "SELECT vm, region, kind, name FROM side_resources WHERE deleted_at IS NULL"
         ).fetchall()
+
+
+def _instance_row(row: tuple) -> InstanceRow:  # type: ignore[type-arg]
+    """A row of INSTANCE_COLUMNS."""
+    return InstanceRow(
+        *row[:15], ports=tuple(json.loads(row[15])), credential=row[16], cut_at=row[17]
+    )
 
 
 def _alive(pid: int | None) -> bool:
