@@ -82,6 +82,7 @@ MAX_EVENTS_PER_RUN = 8_000
 # period, SIGKILL) before the teardown goes ahead anyway.
 STOP_WAIT = timedelta(seconds=90)
 STOP_RECHECK = timedelta(seconds=5)
+RELEASED = "released (`release`)"  # JobStatus.ended_because after the `release` signal
 # Changes behind `workflow.patched` (docs/architecture.md, "Changing workflow code safely"):
 # the job's unwind sees the winning attempt's nodes when a cancel lands as that attempt ends;
 UNWIND_PROVISIONED_ON_CANCEL = "unwind-provisioned-on-cancel"
@@ -386,6 +387,8 @@ class ProvisionJob:
             wait = (until - workflow.now()).total_seconds()
             await _until(lambda: self._release_requested, wait)
         self._status.work_waits_until = None
+        if self._release_requested:
+            self._status.ended_because = self._status.ended_because or RELEASED
         return not self._release_requested
 
     def _epoch_input(self) -> EpochInput:
@@ -401,7 +404,7 @@ class ProvisionJob:
             await _until(lambda: self._changed or self._release_requested, self._until_next_wake())
         self._changed = False  # what follows reads the state; a signal from now on is news
         if self._release_requested:
-            self._status.ended_because = self._status.ended_because or "released (`release`)"
+            self._status.ended_because = self._status.ended_because or RELEASED
             return True
         limit = self._spec.max_runtime_seconds
         ready_at = self._status.ready_at

@@ -61,6 +61,9 @@ DEFAULT_BASE = {"ec2": "http://169.254.169.254", "gce": "http://169.254.169.254"
 HTTP_TIMEOUT = 2.0  # seconds for one request (on GCE: beyond the hang it asks for)
 MAX_BODY = 64 * 1024
 TOKEN_TTL = 21600  # seconds: the longest IMDSv2 allows
+# A GCE maintenance that stops the machine (GPU machines cannot live-migrate) ends the work as
+# surely as a reclaim.
+STOPPING_MAINTENANCE = "TERMINATE_ON_HOST_MAINTENANCE"
 GCE_RECLAIM_NOTICE = 30.0  # seconds between preempted=TRUE and the VM's stop
 UTC = datetime.timezone.utc  # noqa: UP017 (datetime.UTC is Python 3.11+)
 KIND_ORDER = {"reclaim": 0, "maintenance": 1, "rebalance": 2}
@@ -351,7 +354,7 @@ class NoticeWatcher:
             return
         if not _GCE_WORD.match(value):
             raise _Unreadable(f"not a maintenance event: {value[:80]!r}")
-        if value == "TERMINATE_ON_HOST_MAINTENANCE":
+        if value == STOPPING_MAINTENANCE:
             detail = "GCE host maintenance: the VM will be stopped (GPU VMs cannot live-migrate)"
         else:
             detail = f"GCE host maintenance: {value}"
@@ -360,3 +363,12 @@ class NoticeWatcher:
 
 def _body(answer: Any) -> str:
     return answer.read(MAX_BODY).decode("utf-8", "replace")
+
+
+def ends_the_machine(notice: dict | None) -> bool:
+    """Whether a notice says the cloud takes the machine away: the agent's reading of what
+    the control plane reads as NodeNotice.ends_the_machine (gpuprov/models.py), which the
+    agent, standard library only, cannot import."""
+    return notice is not None and (
+        notice.get("kind") == "reclaim" or notice.get("action") == STOPPING_MAINTENANCE
+    )

@@ -26,6 +26,7 @@ import time
 from .errors import AgentError
 from .http_client import MAX_PAUSE, backoff, until_through
 from .lease import Lease
+from .notices import ends_the_machine
 from .work import TAIL_CHARS, Work
 from .workdir import ASSIGNMENT_FILE, WORK_SUBDIR, read_json, write_json
 
@@ -53,11 +54,10 @@ class WorkRunner:
         self.notice: dict | None = None  # the cloud's most urgent notice now, for heartbeats
         self.news = threading.Event()  # a heartbeat should go now: a notice came or changed
 
-    def heard(self, answer: dict, interval: float, sent_at: float | None = None) -> None:
+    def heard(self, answer: dict, interval: float, sent_at: float) -> None:
         """A heartbeat's answer (the heartbeat thread), to the heartbeat sent at `sent_at`
         (time.monotonic()): it renews the lease, and a stop request reaches the work now."""
-        if sent_at is not None:
-            self.lease.renew(sent_at, answer.get("lease_seconds"))
+        self.lease.renew(sent_at, answer.get("lease_seconds"))
         self.watching = answer.get("state") in ("reserved", "busy")
         self.poll_every = min(WORK_POLL, interval)
         work, work_id = self.work, answer.get("work_id")
@@ -216,20 +216,6 @@ class WorkRunner:
 
     def _through(self, path: str, body: dict, what: str) -> dict:
         return until_through(lambda: self.call(path, body, what), what)
-
-
-# A GCE maintenance that stops the machine (GPU machines cannot live-migrate) ends the work as
-# surely as a reclaim.
-STOPPING_MAINTENANCE = "TERMINATE_ON_HOST_MAINTENANCE"
-
-
-def ends_the_machine(notice: dict | None) -> bool:
-    """Whether a notice says the cloud takes the machine away: the agent's reading of what
-    the control plane reads as NodeNotice.ends_the_machine (gpuprov/models.py), which the
-    agent, standard library only, cannot import."""
-    return notice is not None and (
-        notice.get("kind") == "reclaim" or notice.get("action") == STOPPING_MAINTENANCE
-    )
 
 
 def seconds_until(deadline: object) -> float | None:
