@@ -14,6 +14,7 @@ from __future__ import annotations
 from pydantic import Field
 from temporalio.common import SearchAttributeKey
 
+from gpuprov.models import OfferStats
 from providers.base import Model, Offer, ResourceRequest
 
 DEFAULT_TASK_QUEUE = "gpuprov"
@@ -73,6 +74,8 @@ class OffersResult(Model):
     rejected: list[str] = Field(default_factory=list)
     errors: list[str] = Field(default_factory=list)  # "provider: kind at plan: message"
     skipped: dict[str, str] = Field(default_factory=dict)  # configured but not built, and why
+    # Each offered offering's recent record (gpuprov.models.offering_of(offer) -> its stats).
+    stats: dict[str, OfferStats] = Field(default_factory=dict)
 
 
 class HealthInput(Model):

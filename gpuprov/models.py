@@ -54,6 +54,7 @@ MAX_REGION_LENGTH = 64
 MAX_PROVIDERS = 16
 MAX_IMAGE_LENGTH = 512
 MAX_PORTS = 64
+MAX_HEDGE_PARALLEL = 4
 
 
 class Resources(Model):
@@ -70,10 +71,46 @@ class Resources(Model):
 RegionName = Annotated[str, Field(min_length=1, max_length=MAX_REGION_LENGTH)]
 
 
+class PlacementOrder(StrEnum):
+    """The order offers are tried in (workflows/selection.py)."""
+
+    PRICE = "price"  # cheapest known price first, ties on offer id
+    READY_TIME = "ready_time"  # expected time to ready from the offer statistics, then price
+
+
+class Hedge(Model):
+    """Backup attempts: while the leading attempt has not made every node ready after
+    `after_seconds`, the next offer's attempt starts beside it, up to `max_parallel` alive. The
+    first attempt with every node ready wins; the others are torn down and not blocked."""
+
+    max_parallel: int = Field(default=2, ge=2, le=MAX_HEDGE_PARALLEL)
+    # "auto": the offering's p95 time to ready from the statistics, or half its provider's
+    # boot timeout without statistics.
+    after_seconds: float | Literal["auto"] = "auto"
+    # USD the losing attempts may cost in all (price x nodes x billed time); once spent, no new
+    # hedge starts. None: no bound (an unpriced offer is then hedged too).
+    max_extra_cost: float | None = Field(default=None, gt=0, le=MAX_HOURLY_COST)
+
+    @field_validator("after_seconds")
+    @classmethod
+    def _positive_delay(cls, value: float | str) -> float | str:
+        if isinstance(value, float | int) and not 0 < value <= MAX_PROVISIONING_TIMEOUT_SECONDS:
+            raise ValueError(
+                f"must be 'auto' or a number of seconds in (0, {MAX_PROVISIONING_TIMEOUT_SECONDS}]"
+            )
+        return value
+
+
 class Placement(Model):
     provisioning: bool = True  # False: existing workers only
     providers: list[str] | None = Field(default=None, max_length=MAX_PROVIDERS)  # allow-list
     regions: list[RegionName] | None = Field(default=None, max_length=MAX_REGIONS)  # allow-list
+    order: PlacementOrder = PlacementOrder.PRICE
+    hedge: Hedge | None = None
+    # When every offer has failed for capacity or quota (or is blocked), wait for the earliest
+    # block to lapse and try again, until provisioning_timeout_seconds; false: fail at once,
+    # once every offer was tried (what a one-pass failover does).
+    capacity_wait: bool = True
 
     @field_validator("providers")
     @classmethod
@@ -431,6 +468,7 @@ class AttemptOutcome(StrEnum):
     FAILED = "failed"
     SUCCEEDED = "succeeded"  # the job ran on it
     ABANDONED = "abandoned"  # cancelled or timed out before it was ready
+    LOST_RACE = "lost_race"  # a hedged attempt that another one beat: torn down, not blocked
 
 
 class Attempt(Model):
@@ -442,12 +480,69 @@ class Attempt(Model):
     step: str | None = None  # the primitive that failed
     kind: ErrorKind | None = None
     message: str | None = None
+    hedge: bool = False  # started beside a slower attempt (placement.hedge)
+    started_at: datetime | None = None
+    ended_at: datetime | None = None  # ready, failed, or torn down after losing
+    # What a losing attempt cost: its quote x nodes x the time it ran, by the provider's terms.
+    cost: PriceQuote | None = None
 
     def describe(self) -> str:
         where = f"{self.offer.id} ({self.offer.provider}/{self.offer.region})"
         if self.kind is None:
             return f"#{self.number} {where}: {self.outcome.value}"
         return f"#{self.number} {where}: {self.kind.value} at {self.step}: {self.message}"
+
+
+def offering_key(provider: str, region: str, instance_type: str, spot: bool) -> str:
+    """What the offer statistics are kept per: an instance type in a region of a provider,
+    spot or not (zones and offer ids may change between plans; the offering does not)."""
+    return f"{provider}/{region}/{instance_type}{':spot' if spot else ''}"
+
+
+def offering_of(offer: Offer) -> str:
+    return offering_key(offer.provider, offer.region, offer.instance_type, offer.spot)
+
+
+class AttemptRecord(Model):
+    """One attempt's outcome, kept per offering (the offer statistics; docs/offers.md)."""
+
+    offering: str  # offering_key(...)
+    provider: str
+    region: str
+    instance_type: str
+    spot: bool = False
+    job: str
+    run: str | None = None
+    attempt: int
+    nodes: int = Field(default=1, ge=1)
+    # ready: every node ready; failed: `kind` at `step`; lost_race: beaten by a hedged attempt;
+    # abandoned: cancelled or timed out before it was ready.
+    outcome: Literal["ready", "failed", "lost_race", "abandoned"]
+    kind: ErrorKind | None = None
+    step: str | None = None
+    started_at: datetime
+    ended_at: datetime
+    seconds_to_ready: float | None = Field(default=None, ge=0)  # create to every node ready
+
+
+class OfferStats(Model):
+    """An offering's recent record: how often attempts on it made every node ready, and how
+    long that took (over the retention window, the newest attempts first)."""
+
+    offering: str
+    provider: str
+    region: str
+    instance_type: str
+    spot: bool = False
+    attempts: int = 0  # ready + failed (lost races and abandoned attempts say nothing of it)
+    ready: int = 0
+    capacity_failures: int = 0  # failed with Capacity or Quota
+    other_failures: int = 0
+    success_share: float | None = None  # ready / attempts; None without attempts
+    ready_p50_seconds: float | None = None
+    ready_p95_seconds: float | None = None
+    last_capacity_failure_at: datetime | None = None
+    last_attempt_at: datetime | None = None
 
 
 class NodeInstance(Model):
