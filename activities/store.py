@@ -2,7 +2,10 @@
 
 - reserve_existing_workers (called by activities/job_context.py): all-or-nothing reservation of
   idle, compatible existing workers (atomic per worker, so two jobs never get the same one).
-- active_blocks / record_block: blocks shared by every job until they expire.
+- active_blocks / record_block: blocks shared by every job until they expire (a Capacity block
+  backs off per offering: gpuprov/store/capacity.py).
+- claim_launch / capacity_back: the launch budget of an offering that keeps failing with
+  Capacity, and its reset once a probe made its nodes ready.
 - record_cost: the estimate written when an attempt starts (a machine's actual is written
   by `Records.vm_terminated` when it is confirmed gone: gpuprov/store/costs.py).
 - mark_vm: VM row status as teardown confirms it; a terminated VM's worker is revoked.
@@ -27,7 +30,8 @@ from temporalio import activity
 
 from activities import metrics
 from gpuprov.models import Block, BlockScope, ExistingWorker, NodeInstance, WorkerCapabilities
-from gpuprov.store.db import OrphanRecord
+from gpuprov.store.capacity import CapacityBackoff, LaunchBudget
+from gpuprov.store.db import BlockRecord, OrphanRecord
 from gpuprov.store.records import Records
 from providers.base import Location, Model, PriceQuote, ResourceRequest, compatibility_reasons
 from providers.errors import ErrorKind
@@ -43,6 +47,22 @@ class ReserveInput(Model):
 class BlockInput(Model):
     job: str
     block: Block
+    now: datetime | None = None  # the job's clock (workflow time); None: the worker's
+
+
+class BlocksQuery(Model):
+    now: datetime | None = None  # the job's clock (workflow time); None: the worker's
+
+
+class LaunchInput(Model):
+    key: str  # the offer's block key (its id)
+    now: datetime | None = None
+
+
+class LaunchGrant(Model):
+    granted: bool
+    probe: bool = False  # a create that tests an offering with Capacity strikes
+    retry_at: datetime | None = None  # refused: ask again then
 
 
 class CostInput(Model):
@@ -88,14 +108,24 @@ class ReleasedWorkers(Model):
 
 
 class StoreActivities:
-    def __init__(self, records: Records, block_ttl: timedelta) -> None:
+    def __init__(
+        self,
+        records: Records,
+        block_ttl: timedelta,
+        backoff: CapacityBackoff | None = None,
+        budget: LaunchBudget | None = None,
+    ) -> None:
         self._records = records
         self._block_ttl = block_ttl
+        self._backoff = backoff or CapacityBackoff()
+        self._budget = budget or LaunchBudget(records.db)
 
     def all(self) -> list[Any]:
         return [
             self.active_blocks,
             self.record_block,
+            self.claim_launch,
+            self.capacity_back,
             self.record_cost,
             self.mark_vm,
             self.mark_placed,
@@ -142,23 +172,16 @@ class StoreActivities:
         ]
 
     @activity.defn(name="active_blocks")
-    async def active_blocks(self) -> list[Block]:
-        rows = await asyncio.to_thread(self._records.active_blocks, datetime.now(UTC))
-        return [
-            Block(
-                scope=BlockScope(row.scope),
-                key=row.key,
-                kind=ErrorKind(row.kind),
-                message=row.message,
-                expires_at=_aware_utc(row.expires_at),
-            )
-            for row in rows
-        ]
+    async def active_blocks(self, query: BlocksQuery | None = None) -> list[Block]:
+        now = (query.now if query is not None else None) or datetime.now(UTC)
+        rows = await asyncio.to_thread(self._records.active_blocks, now)
+        return [_block(row) for row in rows]
 
     @activity.defn(name="record_block")
-    async def record_block(self, request: BlockInput) -> None:
+    async def record_block(self, request: BlockInput) -> Block:
+        """The block as recorded: its expiry is the shared one (the backoff's, for Capacity)."""
         block = request.block
-        await asyncio.to_thread(
+        row = await asyncio.to_thread(
             lambda: self._records.record_block(
                 scope=block.scope.value,
                 key=block.key,
@@ -166,8 +189,21 @@ class StoreActivities:
                 message=block.message,
                 job=request.job,
                 ttl=self._block_ttl,
+                now=request.now,
+                backoff=self._backoff,
             )
         )
+        return block.model_copy(update={"expires_at": _aware_utc(row.expires_at)})
+
+    @activity.defn(name="claim_launch")
+    async def claim_launch(self, request: LaunchInput) -> LaunchGrant:
+        now = request.now or datetime.now(UTC)
+        grant = await asyncio.to_thread(self._budget.claim, request.key, now)
+        return LaunchGrant(granted=grant.granted, probe=grant.probe, retry_at=grant.retry_at)
+
+    @activity.defn(name="capacity_back")
+    async def capacity_back(self, request: LaunchInput) -> None:
+        await asyncio.to_thread(self._budget.came_back, request.key)
 
     @activity.defn(name="record_cost")
     async def record_cost(self, request: CostInput) -> None:
@@ -273,3 +309,13 @@ async def record_possible_orphan(
 def _aware_utc(moment: datetime) -> datetime:
     """SQLite hands datetimes back naive; every stored time is UTC."""
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _block(row: BlockRecord) -> Block:
+    return Block(
+        scope=BlockScope(row.scope),
+        key=row.key,
+        kind=ErrorKind(row.kind),
+        message=row.message,
+        expires_at=_aware_utc(row.expires_at),
+    )

@@ -27,7 +27,9 @@ from pydantic import (
     Field,
     SecretStr,
     ValidationError,
+    ValidationInfo,
     create_model,
+    field_validator,
     model_validator,
 )
 from sqlalchemy.engine import make_url
@@ -234,6 +236,14 @@ class JobsSettings(Model):
 
     # A stockout steers other jobs this long.
     block_ttl_seconds: int = Field(default=900, ge=1, le=MAX_TTL_SECONDS)
+    # A Capacity block backs off per offering instead: this long, doubled per failure in a row
+    # once the last block lapsed, at most the second (gpuprov/store/capacity.py).
+    capacity_backoff_seconds: int = Field(default=120, ge=1, le=MAX_TTL_SECONDS)
+    capacity_backoff_max_seconds: int = Field(default=1800, ge=1, le=MAX_TTL_SECONDS)
+    # Once a sold-out offering's block lapses, at most this many creates per window try it,
+    # across every job; the others wait for their outcome.
+    launch_probes: int = Field(default=2, ge=1, le=1000)
+    launch_probe_window_seconds: int = Field(default=60, ge=1, le=MAX_TTL_SECONDS)
     join_token_ttl_seconds: int = Field(default=3600, ge=1, le=MAX_JOIN_TOKEN_TTL_SECONDS)
     # The output a job keeps (gpuprov logs): past it, its oldest output is dropped.
     log_cap_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=1024**4)
@@ -243,6 +253,14 @@ class JobsSettings(Model):
     # them (an existing worker goes back to idle): the grace must end well within that.
     stop_grace_seconds: float = Field(default=30.0, ge=0, le=60)
     k3s: K3sSettings = Field(default_factory=lambda: K3sSettings())
+
+    @field_validator("capacity_backoff_max_seconds")
+    @classmethod
+    def _longest_not_shorter(cls, longest: int, info: ValidationInfo) -> int:
+        initial = info.data.get("capacity_backoff_seconds")
+        if initial is not None and longest < initial:
+            raise ValueError(f"must be at least capacity_backoff_seconds ({initial})")
+        return longest
 
 
 class K3sSettings(Model):

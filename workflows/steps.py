@@ -101,6 +101,8 @@ STEPS: dict[Callable[..., Any], Step] = {
     CloudActivities.skipped_providers: _bookkeeping(policy.FORWARD_RETRY),
     StoreActivities.active_blocks: _bookkeeping(),
     StoreActivities.record_block: _bookkeeping(),
+    StoreActivities.claim_launch: _bookkeeping(),
+    StoreActivities.capacity_back: _bookkeeping(),
     StoreActivities.record_cost: _bookkeeping(),
     StoreActivities.mark_vm: _bookkeeping(policy.TEARDOWN_RETRY),
     StoreActivities.mark_placed: _bookkeeping(),

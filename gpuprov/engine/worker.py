@@ -43,6 +43,7 @@ from gpuprov.config import (
 )
 from gpuprov.sdk import pem
 from gpuprov.sdk.connection import connect_temporal
+from gpuprov.store.capacity import CapacityBackoff, LaunchBudget
 from gpuprov.store.db import DatabaseUnavailable, open_database
 from gpuprov.store.fences import VmFences
 from gpuprov.store.records import Records
@@ -132,7 +133,17 @@ def build_worker(
     jobs = jobs or JobsSettings()
     token_ttl = timedelta(seconds=jobs.join_token_ttl_seconds)
     enrolment = Enrolment(records, api_url, token_ttl, api_ca_pem)
-    store = StoreActivities(records, timedelta(seconds=jobs.block_ttl_seconds))
+    store = StoreActivities(
+        records,
+        timedelta(seconds=jobs.block_ttl_seconds),
+        CapacityBackoff(
+            timedelta(seconds=jobs.capacity_backoff_seconds),
+            timedelta(seconds=jobs.capacity_backoff_max_seconds),
+        ),
+        LaunchBudget(
+            records.db, jobs.launch_probes, timedelta(seconds=jobs.launch_probe_window_seconds)
+        ),
+    )
     if ssh_bootstrap and ssh_keys is None:
         raise ValueError("ssh_bootstrap needs ssh_keys (the worker's SSH client key and pins)")
     keys = ssh_keys

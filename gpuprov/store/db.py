@@ -234,6 +234,11 @@ class BlockRecord(Table, table=True):
     job: str
     created_at: datetime = _time()
     expires_at: datetime = _time()
+    # Capacity failures in a row (the backoff) and the launch budget once the block lapsed
+    # (gpuprov/store/capacity.py).
+    strikes: int = _with_default(sa.Integer(), 0, "0")
+    probes: int = _with_default(sa.Integer(), 0, "0")
+    probe_window_start: datetime | None = _time(nullable=True)
 
 
 class WorkerRecord(Table, table=True):

@@ -24,6 +24,7 @@ import sqlalchemy as sa
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
+from gpuprov.store.capacity import CapacityBackoff
 from gpuprov.store.costs import record_actual
 from gpuprov.store.credentials import delete_worker_credentials, revoke_worker_credentials
 from gpuprov.store.db import (
@@ -376,18 +377,37 @@ class Records:
     # ------------------------------------------------------------------ blocks
 
     def record_block(
-        self, *, scope: str, key: str, kind: str, message: str, job: str, ttl: timedelta
+        self,
+        *,
+        scope: str,
+        key: str,
+        kind: str,
+        message: str,
+        job: str,
+        ttl: timedelta,
+        now: datetime | None = None,
+        backoff: CapacityBackoff | None = None,
     ) -> BlockRecord:
         """Block (scope, key) for every job until now + ttl.
 
         A block that already exists takes the new error's kind, message and job, and its expiry
-        only ever moves later; one that had expired starts over (created_at = now).
+        only ever moves later; one that had expired starts over (created_at = now). With
+        `backoff`, a Capacity block lasts by the key's strikes instead (gpuprov/store/capacity.py)
+        and its launch budget starts over. `now`: the caller's clock (a job's workflow time).
         """
         _check(scope, BLOCK_SCOPES, "block scope")
         kind = ErrorKind(kind).value
-        now = utcnow()
-        expires_at = now + _positive(ttl)
+        now = _aware(now, "now") if now is not None else utcnow()
         where = (col(BlockRecord.scope) == scope, col(BlockRecord.key) == key)
+        backoff_values: dict[str, Any] = {}
+        strikes = 0
+        if backoff is not None and kind == ErrorKind.CAPACITY.value:
+            with self.db.session() as session:
+                row = session.exec(select(BlockRecord).where(*where)).one_or_none()
+            strikes = backoff.strikes_after_failure(row, now)
+            ttl = backoff.ttl(strikes)
+            backoff_values = {"strikes": strikes, "probes": 0, "probe_window_start": None}
+        expires_at = now + _positive(ttl)
         refresh = {
             "kind": kind,
             "message": message,
@@ -399,6 +419,7 @@ class Records:
                 (col(BlockRecord.expires_at) > expires_at, BlockRecord.expires_at),
                 else_=_time(expires_at),
             ),
+            **backoff_values,
         }
         fresh = BlockRecord(
             scope=scope,
@@ -408,6 +429,7 @@ class Records:
             job=job,
             created_at=now,
             expires_at=expires_at,
+            strikes=strikes,
         )
         self._upsert(_update(BlockRecord).where(*where).values(refresh), fresh)
         with self.db.session() as session:
