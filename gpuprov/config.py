@@ -244,6 +244,10 @@ class JobsSettings(Model):
     # across every job; the others wait for their outcome.
     launch_probes: int = Field(default=2, ge=1, le=1000)
     launch_probe_window_seconds: int = Field(default=60, ge=1, le=MAX_TTL_SECONDS)
+    # Every attempt's outcome is kept per offering this long, at most this many per offering
+    # (the offer statistics: `gpuprov offers`, placement.order = "ready_time", hedge "auto").
+    offer_stats_retention_days: int = Field(default=14, ge=1, le=3650)
+    offer_stats_per_offering: int = Field(default=500, ge=1, le=100_000)
     join_token_ttl_seconds: int = Field(default=3600, ge=1, le=MAX_JOIN_TOKEN_TTL_SECONDS)
     # The output a job keeps (gpuprov logs): past it, its oldest output is dropped.
     log_cap_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=1024**4)

@@ -26,6 +26,7 @@ from activities.health import HealthActivities
 from activities.job_context import JobContextActivities
 from activities.k3s import K3sActivities
 from activities.liveness import LivenessActivities
+from activities.offer_stats import OfferStatsActivities
 from activities.reconcile import ReconcileActivities
 from activities.registrations import RegistrationActivities
 from activities.ssh_keys import KeyFileError, KeyStore, carry_over_pins, read_client_key
@@ -46,6 +47,7 @@ from gpuprov.sdk.connection import connect_temporal
 from gpuprov.store.capacity import CapacityBackoff, LaunchBudget
 from gpuprov.store.db import DatabaseUnavailable, open_database
 from gpuprov.store.fences import VmFences
+from gpuprov.store.offer_stats import OfferStatsStore
 from gpuprov.store.records import Records
 from gpuprov.store.ssh_records import SshRecords
 from gpuprov.store.work import WorkRecords
@@ -180,6 +182,13 @@ def build_worker(
             *cloud.all(),
             *over_ssh,
             *store.all(),
+            *OfferStatsActivities(
+                OfferStatsStore(
+                    records.db,
+                    timedelta(days=jobs.offer_stats_retention_days),
+                    jobs.offer_stats_per_offering,
+                )
+            ).all(),
             *JobContextActivities(cloud, store).all(),
             *RegistrationActivities(records, api_url, api_ca_pem=api_ca_pem).all(),
             *WorkActivities(WorkRecords(records.db)).all(),

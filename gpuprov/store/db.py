@@ -389,6 +389,34 @@ class JobRun(Table, table=True):
     created_at: datetime = _time()
 
 
+class OfferAttempt(Table, table=True):
+    """One attempt's outcome on an offering (gpuprov/store/offer_stats.py): what ranks offers by
+    time to ready and tells a sold-out region from a slow one. Written once per attempt."""
+
+    __tablename__ = "offer_attempts"
+    __table_args__ = (
+        sa.UniqueConstraint("job", "run", "attempt", name="uq_offer_attempts_job_run_attempt"),
+        sa.Index("ix_offer_attempts_offering_ended_at", "offering", "ended_at"),
+    )
+
+    id: str = Field(default_factory=new_id, primary_key=True)
+    offering: str
+    provider: str
+    region: str
+    instance_type: str
+    spot: bool = False
+    job: str
+    run: str = _run()
+    attempt: int
+    nodes: int = 1
+    outcome: str  # AttemptRecord.outcome
+    kind: str | None = None  # the ErrorKind value of a failed attempt
+    step: str | None = None
+    started_at: datetime = _time()
+    ended_at: datetime = _time()
+    seconds_to_ready: float | None = None
+
+
 class OrphanRecord(Table, table=True):
     """A machine whose termination failed; the reconciler keeps trying until it is resolved."""
 

@@ -29,6 +29,7 @@ SSH_TABLES = {"ssh_host_keys", "ssh_client_keys"}
 LOG_USAGE_TABLES = {"log_usage"}
 FENCE_TABLES = {"vm_fences"}
 RUN_TABLES = {"job_runs"}
+OFFER_STATS_TABLES = {"offer_attempts"}
 TABLES = (
     INITIAL_TABLES
     | CREDENTIAL_TABLES
@@ -37,6 +38,7 @@ TABLES = (
     | LOG_USAGE_TABLES
     | FENCE_TABLES
     | RUN_TABLES
+    | OFFER_STATS_TABLES
 )
 
 
@@ -84,7 +86,7 @@ def test_upgrade_creates_exactly_the_tables(empty: Database):
 
     assert set(sa.inspect(empty.engine).get_table_names()) == TABLES | {"alembic_version"}
     assert {table.name for table in metadata.sorted_tables} == TABLES
-    assert empty.current_revision() == head() == "0011_leases"
+    assert empty.current_revision() == head() == "0013_offer_stats"
     described = schema(empty)
     assert ("uq_vms_vm", ("vm",)) in described["vms"]["unique"]
     assert ("uq_blocks_scope_key", ("scope", "key")) in described["blocks"]["unique"]
@@ -516,4 +518,43 @@ def test_0011_gives_workers_a_lease_and_a_notice_and_keeps_their_rows(empty: Dat
     assert tuple(worker) == (None, None)  # no lease heard yet: nothing to wait out
     assert not work[0]
     empty.downgrade("0010_runs")
+    assert schema(empty) == before
+
+
+def test_0012_gives_blocks_strikes_and_a_launch_budget_and_keeps_their_rows(empty: Database):
+    empty.upgrade("0011_leases")
+    now = utcnow()
+    with empty.engine.begin() as connection:
+        connection.execute(
+            sa.text(
+                "INSERT INTO blocks (id, scope, key, kind, message, job, created_at, expires_at) "
+                "VALUES ('b1', 'offer', 'fake/r1/gpu8', 'Capacity', 'sold out', 'train', :now, "
+                ":now)"
+            ),
+            {"now": now},
+        )
+    before = schema(empty)
+
+    empty.upgrade("0012_capacity_backoff")
+
+    with empty.engine.connect() as connection:
+        block = connection.exec_driver_sql(
+            "SELECT key, strikes, probes, probe_window_start FROM blocks"
+        ).one()
+    assert tuple(block) == ("fake/r1/gpu8", 0, 0, None)  # no strikes yet: the old fixed TTL
+    empty.downgrade("0011_leases")
+    assert schema(empty) == before
+
+
+def test_0013_adds_the_offer_attempts_and_takes_exactly_them_away(empty: Database):
+    empty.upgrade("0012_capacity_backoff")
+    before = schema(empty)
+
+    empty.upgrade("0013_offer_stats")
+
+    assert set(schema(empty)) - set(before) == {"offer_attempts"}
+    assert ("uq_offer_attempts_job_run_attempt", ("job", "run", "attempt")) in schema(empty)[
+        "offer_attempts"
+    ]["unique"]
+    empty.downgrade("0012_capacity_backoff")
     assert schema(empty) == before
