@@ -1,7 +1,8 @@
 """PlanOffers: what `gpuprov offers` shows, planned on the worker that holds the credentials.
 
 Uses the same plan activity, compatibility filter and ranking as ProvisionJob, so the list a
-user sees is the order a job would try.
+user sees is the order a job would try; beside it, what the kept attempts say of each offering
+(the offer statistics: how often it was ready, how fast, how often sold out).
 """
 
 from __future__ import annotations
@@ -13,11 +14,17 @@ from temporalio import workflow
 with workflow.unsafe.imports_passed_through():
     from activities.cloud import CloudActivities, PlanInput
     from activities.errors import StepFailure
+    from activities.offer_stats import OfferStatsActivities, OfferStatsQuery
     from gpuprov import contract
     from gpuprov.contract import OffersQuery, OffersResult
+    from gpuprov.models import offering_of
     from providers.base import Offer
     from workflows.selection import rank_offers
     from workflows.steps import run_step
+
+
+# Reading the offer statistics added an activity to a finished plan.
+OFFER_STATS = "offer-stats"
 
 
 @workflow.defn(name=contract.PLAN_OFFERS)
@@ -40,6 +47,14 @@ class PlanOffers:
         ranked, rejected = rank_offers(offers, query.nodes, query.max_hourly_cost)
         result.offers = ranked
         result.rejected += rejected
+        if ranked and workflow.patched(OFFER_STATS):
+            found = await run_step(
+                OfferStatsActivities.offer_stats,
+                OfferStatsQuery(
+                    now=workflow.now(), offerings=sorted({offering_of(o) for o in ranked})
+                ),
+            )
+            result.stats = {record.offering: record for record in found}
         return result
 
     async def _plan(self, request: PlanInput, result: OffersResult) -> list[Offer]:

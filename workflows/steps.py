@@ -28,6 +28,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.job_context import JobContextActivities
     from activities.k3s import K3sActivities
     from activities.liveness import LivenessActivities
+    from activities.offer_stats import OfferStatsActivities
     from activities.reconcile import ReconcileActivities
     from activities.registrations import RegistrationActivities
     from activities.store import StoreActivities
@@ -103,6 +104,8 @@ STEPS: dict[Callable[..., Any], Step] = {
     StoreActivities.record_block: _bookkeeping(),
     StoreActivities.claim_launch: _bookkeeping(),
     StoreActivities.capacity_back: _bookkeeping(),
+    OfferStatsActivities.record_attempt: _bookkeeping(),
+    OfferStatsActivities.offer_stats: _bookkeeping(),
     StoreActivities.record_cost: _bookkeeping(),
     StoreActivities.mark_vm: _bookkeeping(policy.TEARDOWN_RETRY),
     StoreActivities.mark_placed: _bookkeeping(),

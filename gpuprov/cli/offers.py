@@ -53,7 +53,7 @@ async def _offers(settings: Settings, args: argparse.Namespace) -> int:
     )
     query = OffersQuery(request=request, nodes=args.nodes, max_hourly_cost=args.max_hourly_cost)
     result = await (await client_for(settings)).offers(query)
-    print(offers_text(result.offers))
+    print(offers_text(result.offers, result.stats))
     for refusal in whole_provider_refusals(result.rejected):
         print(f"refused {refusal}")
     for error in result.errors:

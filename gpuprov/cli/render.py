@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from gpuprov.models import HealthReport, JobStatus, capabilities_text
+from gpuprov.models import HealthReport, JobStatus, OfferStats, capabilities_text, offering_of
 from gpuprov.sdk.client import EndReport
 from gpuprov.sdk.owners import JobSituation, Standing, Unheld
 from gpuprov.store.costs import CostReport, MachineCost, Money, ProviderCost
@@ -95,17 +95,37 @@ def status_text(status: JobStatus) -> str:
     return "\n".join(lines)
 
 
-def offers_text(offers: list[Offer]) -> str:
+def offers_text(offers: list[Offer], stats: dict[str, OfferStats] | None = None) -> str:
+    """One row per offer, in the order a job tries them; with `stats`, each offering's recent
+    record: ready out of attempts, sold-out failures, median and p95 seconds to ready."""
     if not offers:
         return "no compatible offers"
-    rows = [f"{'offer':40} {'gpu':>10} {'vcpus':>6} {'mem GB':>7}  price"]
+    header = f"{'offer':40} {'gpu':>10} {'vcpus':>6} {'mem GB':>7}  {'price':18}"
+    rows = [header + ("  ready/tries  sold out  p50 s  p95 s" if stats is not None else "")]
     for offer in offers:
         gpu = f"{offer.gpu_count}x{offer.gpu_name or '-'}"
-        rows.append(
+        row = (
             f"{offer.id:40} {gpu:>10} {offer.vcpus or '-':>6} {offer.memory_gb or '-':>7}  "
-            f"{price_text(offer)}"
+            f"{price_text(offer):18}"
         )
+        if stats is not None:
+            row += "  " + offer_stats_text(stats.get(offering_of(offer)))
+        rows.append(row.rstrip())
     return "\n".join(rows)
+
+
+def offer_stats_text(stats: OfferStats | None) -> str:
+    if stats is None or stats.attempts == 0:
+        return f"{'-':>11}  {'-':>8}  {'-':>5}  {'-':>5}"
+    tries = f"{stats.ready}/{stats.attempts}"
+
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0f}"
+
+    return (
+        f"{tries:>11}  {stats.capacity_failures:>8}  {seconds(stats.ready_p50_seconds):>5}  "
+        f"{seconds(stats.ready_p95_seconds):>5}"
+    )
 
 
 def whole_provider_refusals(rejected: list[str]) -> list[str]:

@@ -181,7 +181,8 @@ async def test_a_job_whose_offers_are_all_blocked_by_others_waits_for_a_block_to
     )
     async with fake_worker(client, task_queue, fast_cloud(), sqlite_records) as (gp, cloud):
         handle = await gp.submit(job(job_name))
-        waiting = await until(handle, lambda s: "lapses" in (s.waiting_for or ""))
+        waiting = await until(handle, lambda s: (s.waiting_for or "").startswith("capacity: "))
+        assert "3 offer(s) out of stock, 0 tried so far, next try fake/" in waiting.waiting_for
         assert waiting.attempts == []
         at_ready, final = await ready_then_release(handle)
         assert at_ready.state is JobState.READY
@@ -195,6 +196,6 @@ async def test_a_job_still_fails_when_its_own_failures_spent_every_offer(
 ) -> None:
     faults = [FaultRule(primitive="create", kind=ErrorKind.CAPACITY)]
     async with fake_worker(client, task_queue, fast_cloud(faults), sqlite_records) as (gp, _):
-        final = await (await gp.submit(job(job_name))).result()
+        final = await (await gp.submit(job(job_name, placement={"capacity_wait": False}))).result()
         assert final.state is JobState.FAILED
         assert "every offer failed (3 tried)" in (final.error or "")

@@ -248,7 +248,9 @@ async def test_release_keep_leaves_machines_running(client, task_queue, job_name
 async def test_every_offer_failing_lists_each_offer_kind_and_message(client, task_queue, job_name):
     stockout = FaultRule(primitive="create", kind=ErrorKind.CAPACITY, message="sold out here")
     async with fake_worker(client, task_queue, fast_cloud([stockout])) as (gpuprov, cloud):
-        final = await asyncio.wait_for((await gpuprov.submit(job(job_name))).result(), 60)
+        # Without the capacity wait: a job that waits would retry them until its deadline.
+        spec = job(job_name, placement={"capacity_wait": False})
+        final = await asyncio.wait_for((await gpuprov.submit(spec)).result(), 60)
         assert final.state is JobState.FAILED
         assert "every offer failed (3 tried)" in (final.error or "")
         for offer in ("fake/r1-a/gpu8", "fake/r1-b/gpu8", "fake/r2-a/gpu8"):
