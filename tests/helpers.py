@@ -19,7 +19,13 @@ from typing import Any
 
 from temporalio.client import Client, WorkflowHandle
 
-from gpuprov.config import FakeInstanceType, FakeProviderConfig, FakeRegion, FaultRule
+from gpuprov.config import (
+    FakeInstanceType,
+    FakeProviderConfig,
+    FakeRegion,
+    FaultRule,
+    JobsSettings,
+)
 from gpuprov.engine.worker import build_worker, open_records
 from gpuprov.models import JobSpec, JobState, JobStatus
 from gpuprov.sdk.client import GpuprovClient, JobHandle
@@ -80,13 +86,20 @@ async def fake_worker(
     *,
     sandboxed: bool = True,
     cloud_type: type[FakeCloud] = FakeCloud,  # a test's own variant of the fake cloud
+    jobs: JobsSettings | None = None,  # [jobs]: block and backoff times, launch budget
 ) -> AsyncIterator[tuple[GpuprovClient, FakeCloud]]:
     """A worker with the fake cloud and a real database (a fresh SQLite file unless given)."""
     with tempfile.TemporaryDirectory(prefix="gpuprov-test-") as data_dir:
         own_records = records or open_records(f"sqlite:///{data_dir}/gpuprov.db")
         cloud = cloud_type(config, shuffle_offers=shuffle_offers)
         worker = build_worker(
-            client, task_queue, {"fake": cloud}, own_records, api_url=api_url, sandboxed=sandboxed
+            client,
+            task_queue,
+            {"fake": cloud},
+            own_records,
+            api_url=api_url,
+            sandboxed=sandboxed,
+            jobs=jobs,
         )
         try:
             async with worker:
