@@ -71,7 +71,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from workflows.failures import JobFailed
     from workflows.intake import NO_INPUT, JobCarry, accept_carry, accept_job_spec, job_name_of
-    from workflows.provisioning import Provisioning
+    from workflows.provisioning import Provisioning, ProvisioningChanges
     from workflows.running import gpus_of
     from workflows.steps import run_step
 
@@ -115,6 +115,7 @@ class ProvisionJob:
         self._stack = CompensationStack()
         self._prefetched_blocks: list[Block] | None = None  # for the first plan only
         self._provisioning: Provisioning | None = None
+        self._changes = ProvisioningChanges()  # decided as the run starts
         self._epoch = 0  # the run's restarts so far: each epoch's work rows are its own
         self._next_check: datetime | None = None
         self._work_assigned = False  # this run handed the current epoch's work to the nodes
@@ -135,6 +136,7 @@ class ProvisionJob:
 
     @workflow.run
     async def run(self, raw: RawValue = NO_INPUT) -> JobStatus:
+        self._changes = ProvisioningChanges.decide()
         carry = self._accept(raw)
         try:
             if carry is None:
@@ -215,6 +217,7 @@ class ProvisionJob:
                 self._waiting,
                 self._record_leak,
                 stack=self._stack,
+                changes=self._changes,
             )
 
     def _push_retire(self, node: NodeInstance) -> None:
@@ -279,6 +282,7 @@ class ProvisionJob:
             self._waiting,
             self._record_leak,
             prefetched_blocks=self._prefetched_blocks,
+            changes=self._changes,
         )
         self._prefetched_blocks = None
         try:

@@ -31,6 +31,8 @@ OFFER_STATS = "offer-stats"
 class PlanOffers:
     @workflow.run
     async def run(self, query: OffersQuery) -> OffersResult:
+        # Asked before any command, so that its marker is always in the first workflow task.
+        with_stats = workflow.patched(OFFER_STATS)
         capabilities, skipped = await asyncio.gather(
             run_step(CloudActivities.describe_providers),
             run_step(CloudActivities.skipped_providers),
@@ -47,7 +49,7 @@ class PlanOffers:
         ranked, rejected = rank_offers(offers, query.nodes, query.max_hourly_cost)
         result.offers = ranked
         result.rejected += rejected
-        if ranked and workflow.patched(OFFER_STATS):
+        if ranked and with_stats:
             found = await run_step(
                 OfferStatsActivities.offer_stats,
                 OfferStatsQuery(

@@ -76,6 +76,27 @@ CAPACITY_WAIT = "capacity-wait"
 ATTEMPT_RECORDS = "attempt-records"
 
 
+@dataclass(frozen=True)
+class ProvisioningChanges:
+    """Which of those changes a run takes, decided once, in the run's first activation.
+
+    Asked for after the run's first local activity, these were seen on a loaded machine to
+    fail the replay behind a status query ("patch marker encountered for change capacity-wait,
+    but there is no corresponding change command"): where the marker lands then depends on
+    how the first workflow tasks were split around the local activity. Asked for before any
+    command, the marker is always in the first task."""
+
+    capacity_wait: bool = False
+    attempt_records: bool = False
+
+    @classmethod
+    def decide(cls) -> ProvisioningChanges:
+        return cls(
+            capacity_wait=workflow.patched(CAPACITY_WAIT),
+            attempt_records=workflow.patched(ATTEMPT_RECORDS),
+        )
+
+
 @dataclass
 class Provisioning:
     spec: JobSpec
@@ -86,7 +107,8 @@ class Provisioning:
     # Shared blocks the job's first step read, for the first plan only.
     prefetched_blocks: list[Block] | None = None
     stack: CompensationStack = field(default_factory=CompensationStack)
-    # Decided once a provisioning starts (workflow.patched): wait for capacity, record attempts.
+    changes: ProvisioningChanges = field(default_factory=ProvisioningChanges)
+    # From the spec and the run's changes: wait for capacity, record attempts.
     waits: bool = False
     records: bool = False
     waited: bool = False  # a capacity wait has happened: tries ask the launch budget first
@@ -114,8 +136,8 @@ class Provisioning:
     async def _provision(self) -> None:
         if not self.spec.placement.provisioning:
             raise JobFailed("placement.provisioning is false and no existing worker is eligible")
-        self.waits = self.spec.placement.capacity_wait and workflow.patched(CAPACITY_WAIT)
-        self.records = workflow.patched(ATTEMPT_RECORDS)
+        self.waits = self.spec.placement.capacity_wait and self.changes.capacity_wait
+        self.records = self.changes.attempt_records
         while True:
             self.waiting("offers from the enabled providers")
             offers = await self._plan()

@@ -21,6 +21,7 @@ from tests.providers.aws.stack import (
     gpuprov_security_groups,
     live_instances,
     moto_server,
+    reset_moto,
 )
 from tests.providers.aws.test_job import launched_user_data
 from tests.providers.gce.fake_gce import ZONES, FakeGce
@@ -39,6 +40,8 @@ def moto_url() -> Iterator[str]:
 async def test_every_gce_zone_stocked_out_fails_over_to_aws(
     client, task_queue, job_name, moto_url, tmp_path
 ):
+    # moto keeps its state per process, not per server: start from none of another test's.
+    reset_moto(moto_url)
     gce = FakeGce(stockout_zones=set(ZONES))
     with AwsFront(moto_url, prices={(REGION, "p5.48xlarge"): P5_PRICE}) as front:
         providers = {"gce": gce.cloud(), "aws": aws_cloud(front.url)}

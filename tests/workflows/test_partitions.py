@@ -76,7 +76,8 @@ async def sweep_every_second(client: Client, task_queue: str) -> None:
 def writes(events: Path) -> dict[str, list[tuple[str, float]]]:
     """Attempt -> [(what, when)] as the work itself wrote them."""
     seen: dict[str, list[tuple[str, float]]] = {}
-    for line in events.read_text().splitlines():
+    # The work may be writing as this reads: a last line without its newline is not whole yet.
+    for line in events.read_text().split("\n")[:-1]:
         what, attempt, at = line.split()
         seen.setdefault(attempt, []).append((what, float(at)))
     return seen

@@ -282,8 +282,16 @@ async def test_a_worker_killed_mid_run_the_job_goes_on_and_the_work_started_once
 # ---------------------------------------------------------------- the simulated agent
 
 
-async def test_the_simulated_agent_runs_the_work_too(client, task_queue, job_name, sqlite_records):
-    run = '[ "$GPUPROV_NODE_RANK" = 1 ] && exit 3; echo "rank $GPUPROV_NODE_RANK"; sleep 3600'
+async def test_the_simulated_agent_runs_the_work_too(
+    client, task_queue, job_name, sqlite_records, tmp_path
+):
+    # Rank 1 fails only once rank 0 has started: a stop that found rank 0 not yet started
+    # would end it without an exit code (and without its log line).
+    started = tmp_path / "rank0-started"
+    run = (
+        f'if [ "$GPUPROV_NODE_RANK" = 1 ]; then until [ -e {started} ]; do sleep 0.1; done; '
+        f'exit 3; fi; echo "rank $GPUPROV_NODE_RANK"; touch {started}; sleep 3600'
+    )
     async with real_nodes(client, task_queue, sqlite_records, agent="simulated") as (
         gpuprov,
         cloud,

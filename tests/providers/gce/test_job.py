@@ -73,7 +73,8 @@ async def test_stockout_in_one_zone_fails_over_to_the_next_and_everything_is_del
 async def test_gpus_all_regions_quota_blocks_every_gce_offer_at_once(client, task_queue, job_name):
     fake = FakeGce(exceeded_quota="GPUS_ALL_REGIONS")
     async with gce_worker(client, task_queue, {"gce": fake.cloud()}) as gpuprov:
-        handle = await gpuprov.submit(job(job_name))
+        # With the capacity wait (the default) the job would wait for the quota to free up.
+        handle = await gpuprov.submit(job(job_name, placement={"capacity_wait": False}))
         final = await asyncio.wait_for(handle.result(), 60)
 
     assert final.state is JobState.FAILED
