@@ -39,7 +39,7 @@ from temporalio.worker import Replayer
 from gpuprov import contract
 from gpuprov.api.app import create_app, serving
 from gpuprov.cli.dev import free_port
-from gpuprov.config import FakeProviderConfig, FaultRule
+from gpuprov.config import FakeProviderConfig, FaultRule, JobsSettings
 from gpuprov.contract import OffersQuery
 from gpuprov.engine.binaries import temporal_binary
 from gpuprov.engine.worker import WORKFLOWS, open_records
@@ -51,6 +51,7 @@ from providers.errors import ErrorKind
 from providers.fake import FakeCloud
 from tests.helpers import (
     OFFER_A,
+    OFFER_B,
     decoded_history,
     fake_worker,
     fast_cloud,
@@ -83,11 +84,11 @@ class Run:
 
     @asynccontextmanager
     async def worker(
-        self, config: FakeProviderConfig, *, api: bool = False
+        self, config: FakeProviderConfig, *, api: bool = False, jobs: JobsSettings | None = None
     ) -> AsyncIterator[tuple[GpuprovClient, FakeCloud, str | None]]:
         """A worker on the fake cloud; with `api`, the real control-plane API in-process."""
         if not api:
-            async with self._worker(config, "http://127.0.0.1:9") as (gpuprov, cloud):
+            async with self._worker(config, "http://127.0.0.1:9", jobs) as (gpuprov, cloud):
                 yield gpuprov, cloud, None
             return
         port = free_port()
@@ -99,12 +100,11 @@ class Run:
 
     @asynccontextmanager
     async def _worker(
-        self, config: FakeProviderConfig, api_url: str
+        self, config: FakeProviderConfig, api_url: str, jobs: JobsSettings | None = None
     ) -> AsyncIterator[tuple[GpuprovClient, FakeCloud]]:
-        async with fake_worker(self.client, self.task_queue, config, self.records, api_url) as (
-            gpuprov,
-            cloud,
-        ):
+        async with fake_worker(
+            self.client, self.task_queue, config, self.records, api_url, jobs=jobs
+        ) as (gpuprov, cloud):
             try:
                 yield gpuprov, cloud
             finally:  # every token the cloud's instances were given (the ledger)
@@ -203,6 +203,30 @@ def _failover(kind: ErrorKind, winner: str) -> Callable[[Run], Awaitable[None]]:
             _expect(final.state is JobState.COMPLETED, f"completed, got {final.state}")
 
     return play
+
+
+async def capacity_wait(run: Run) -> None:
+    """Both offers sold out three times: the job waits for the blocks (a second here) to lapse,
+    asks the launch budget, tries again and gets its machine."""
+    stockout = FaultRule(primitive="create", kind=ErrorKind.CAPACITY, times=3, message="sold out")
+    quick = JobsSettings(capacity_backoff_seconds=1, capacity_backoff_max_seconds=1)
+    async with run.worker(fast_cloud([stockout]), jobs=quick) as (gpuprov, _cloud, _):
+        at_ready, final = await ready_then_release(await gpuprov.submit(run.job()))
+        tries = len(at_ready.attempts)
+        _expect(at_ready.state is JobState.READY and tries == 4, f"ready on try 4, {tries} tries")
+        _expect(final.state is JobState.COMPLETED, f"completed, got {final.state}")
+
+
+async def hedge_race(run: Run) -> None:
+    """Offer A never boots; a hedge starts B a second later, B wins and A is torn down."""
+    hang = FaultRule(primitive="create", effect="boot_hang", offer=OFFER_A)
+    hedge = {"max_parallel": 2, "after_seconds": 1}
+    async with run.worker(fast_cloud([hang])) as (gpuprov, cloud, _):
+        spec = run.job(placement={"hedge": hedge})
+        at_ready, final = await ready_then_release(await gpuprov.submit(spec))
+        offers = [a.offer.id for a in at_ready.attempts]
+        _expect(at_ready.state is JobState.READY and offers == [OFFER_A, OFFER_B], f"{offers}")
+        _expect(final.state is JobState.COMPLETED and cloud.live_instances() == [], "all gone")
 
 
 async def transient_retry(run: Run) -> None:
@@ -376,6 +400,8 @@ SCENARIOS: dict[str, Scenario] = {
             _failover(K.FAILED, "fake/r1-b/gpu8"),
         ),
         Scenario("transient_retry", "Transient at create: retried on A", transient_retry),
+        Scenario("capacity_wait", "every offer sold out: wait, try again, ready", capacity_wait),
+        Scenario("hedge_race", "a hedge beside a slow offer wins; the loser goes", hedge_race),
         Scenario(
             "abort_invalid_request",
             "InvalidRequest at create: abort; cleanup only, no terminate",
