@@ -136,8 +136,12 @@ class ProvisionJob:
 
     @workflow.run
     async def run(self, raw: RawValue = NO_INPUT) -> JobStatus:
-        self._changes = ProvisioningChanges.decide()
         carry = self._accept(raw)
+        # After the input is accepted (a rejected start fails with no command at all) and
+        # before any command: the run's first activation (ProvisioningChanges).
+        self._changes = ProvisioningChanges.decide()
+        if self._provisioning is not None:  # a continued run's, made by _accept
+            self._provisioning.changes = self._changes
         try:
             if carry is None:
                 await self._place()
@@ -217,7 +221,6 @@ class ProvisionJob:
                 self._waiting,
                 self._record_leak,
                 stack=self._stack,
-                changes=self._changes,
             )
 
     def _push_retire(self, node: NodeInstance) -> None:
