@@ -21,6 +21,7 @@ from gpuprov.store.db import Database
 from gpuprov.store.records import Records
 from tests import processes
 from tests.postgres import postgres_scratch, postgres_url  # noqa: F401  (fixtures)
+from tests.skipping import skipping  # noqa: F401  (a fixture)
 
 # Real cloud credentials in the developer's environment must never reach a test: adapters under
 # test are built with explicit keys and base URLs, and nothing else may find a real account.

@@ -64,7 +64,13 @@ class Stack:
 
 
 @asynccontextmanager
-async def stack(client, task_queue: str, tmp_path: Path, fake: str) -> AsyncIterator[Stack]:
+async def stack(
+    client,
+    task_queue: str,
+    tmp_path: Path,
+    fake: str,
+    regions: str = '{ name = "r1", zones = ["r1-a"] }',
+) -> AsyncIterator[Stack]:
     database = f"sqlite:///{tmp_path / 'gpuprov.db'}"
     records = open_records(database)
     port = free_port()
@@ -87,7 +93,7 @@ poll_interval = 0.2
 boot_timeout = 60
 simulate_agent = true
 state_path = "{tmp_path / "fake-cloud.db"}"
-regions = [{{ name = "r1", zones = ["r1-a"] }}]
+regions = [{regions}]
 instance_types = [{{ name = "gpu8", gpu = "H100", gpu_count = 8, price = 10.0 }}]
 {fake}
 """
@@ -181,3 +187,35 @@ async def test_worker_killed_while_waiting_for_running_finishes_without_duplicat
         s.kill_worker()
         s.start_worker()
         await finish_and_check(s, handle, job_name, nodes=2)
+
+
+async def test_worker_killed_mid_race_leaves_no_machine(client, task_queue, job_name, tmp_path):
+    # A hedge: r1's machine never boots, r2's is started beside it a second later; the worker
+    # dies while both are alive. The new worker finishes the race from history: r2 wins, r1's
+    # machine is torn down, each created once.
+    hang = '[[providers.fake.faults]]\nprimitive = "create"\neffect = "boot_hang"\n'
+    hang += 'region = "r1"\n'
+    regions = '{ name = "r1", zones = ["r1-a"] }, { name = "r2", zones = ["r2-a"] }'
+    async with stack(client, task_queue, tmp_path, f"boot_delay_seconds = 3\n{hang}", regions) as s:
+        spec = job(job_name, placement={"hedge": {"max_parallel": 2, "after_seconds": 1}})
+        handle = await GpuprovClient(client, task_queue).submit(spec)
+        await eventually(lambda: booted(s.ledger, machines=2, delay=0), "both attempts racing")
+        s.kill_worker()
+        s.start_worker()
+        ready = await until(handle, lambda st: st.state is JobState.READY, 120)
+        assert ready.state is JobState.READY, s.log.read_text()[-3000:]
+        assert [(a.offer.region, a.outcome.value) for a in ready.attempts] == [
+            ("r1", "lost_race"),
+            ("r2", "succeeded"),
+        ]
+        await handle.release()
+        final = await asyncio.wait_for(handle.result(), 60)
+        assert final.state is JobState.COMPLETED
+        ledger = FakeCloudState(str(s.ledger))
+        try:
+            assert sorted(creates_by_node(ledger).values()) == [1, 1]  # no duplicate
+            assert ledger.live_instances(delete_delay=0.2) == []
+            assert ledger.live_side_resources() == []
+        finally:
+            ledger.close()
+        assert s.records.open_orphans() == []
