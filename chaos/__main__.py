@@ -78,6 +78,19 @@ def parse(argv: list[str]) -> tuple[Options, Path | None]:
         "(each create lands after the timeout, whatever the job did meanwhile) (0.05)",
     )
     parser.add_argument(
+        "--hedged-fraction",
+        type=float,
+        default=0.05,
+        help="share of leases with placement.hedge whose first attempt never boots (0.05)",
+    )
+    parser.add_argument(
+        "--waiting-fraction",
+        type=float,
+        default=0.05,
+        help="share of leases whose first creates are sold out on every offer, so they wait "
+        "for capacity (0.05)",
+    )
+    parser.add_argument(
         "--largest",
         type=int,
         default=None,
@@ -122,10 +135,13 @@ def parse(argv: list[str]) -> tuple[Options, Path | None]:
         args.run_fraction,
         args.hostile_fraction,
         args.mid_step_fraction,
+        args.hedged_fraction,
+        args.waiting_fraction,
     )
     if not all(0 <= fraction <= 1 for fraction in fractions) or sum(fractions) > 1:
         parser.error(
-            "the cancel, run, hostile and mid-step fractions are shares of the jobs (0-1 in all)"
+            "the cancel, run, hostile, mid-step, hedged and waiting fractions are shares of the "
+            "jobs (0-1 in all)"
         )
     largest = args.largest if args.largest is not None else (1 if args.jobs >= 20 else 0)
     if not 0 <= largest <= args.jobs:
@@ -149,6 +165,8 @@ def parse(argv: list[str]) -> tuple[Options, Path | None]:
         hostile_fraction=args.hostile_fraction,
         mid_step_fraction=args.mid_step_fraction,
         largest=largest,
+        hedged_fraction=args.hedged_fraction,
+        waiting_fraction=args.waiting_fraction,
     )
     return options, args.out
 

@@ -151,6 +151,12 @@ def standard_checks(
                 [f"seed {summary.seed}: {j.name} ended {j.state}" for j in odd_end],
             )
         )
+    hedged = [job for job in summary.jobs if job.role.startswith("lease; hedged")]
+    if hedged:
+        checks.append(_hedged_check(hedged, summary.seed))
+    waiting = [job for job in summary.jobs if job.role.startswith("lease; waits")]
+    if waiting:
+        checks.append(_waiting_check(waiting, summary.seed))
     # Findings: worth reading, not fatal by themselves.
     for job in summary.jobs:
         if job.cancel and job.cancel.startswith("sent") and job.state == "failed":
@@ -165,6 +171,51 @@ def standard_checks(
             "that the reconcile pass resolves): "
             + "; ".join(f"{job.name} ({job.state}): {' / '.join(job.leaks)}" for job in leaky)
         )
+
+
+def _hedged_check(hedged: list[JobOutcome], seed: int) -> Check:
+    """A hedged job that got its GPUs got them from the hedge: its hung first attempt lost
+    the race (torn down: the leak checks above say whether it is gone), never won it."""
+    placed = [job for job in hedged if job.state == "completed" and job.attempts]
+    raced = [job for job in placed if "lost_race" in job.attempts[0]]
+    wrong = [job for job in placed if not _ended_apart_from_winning(job.attempts[0])]
+    return Check(
+        "hedged jobs: a hung first attempt loses its race and is torn down",
+        not wrong,
+        f"{len(hedged)} job(s): {len(placed)} got their GPUs, {len(raced)} of them by winning "
+        f"a race against the hung attempt, the others after it failed first "
+        f"({len(hedged) - len(placed)} ended otherwise)",
+        [f"seed {seed}: {job.name}'s first attempt: {job.attempts[0]}" for job in wrong],
+    )
+
+
+def _ended_apart_from_winning(attempt: str) -> bool:
+    """The first attempt (hung for good) lost its race or failed; it cannot have won."""
+    return ": succeeded" not in attempt and ": in_progress" not in attempt
+
+
+def _waiting_check(waiting: list[JobOutcome], seed: int) -> Check:
+    """A job whose offers sold out waits for capacity: it never fails because every offer
+    sold out once (only its deadline, a cancel or another fault ends it so)."""
+    gave_up = [
+        job
+        for job in waiting
+        if "every offer failed" in (job.error or "")
+        and all(_sold_out(a) for a in job.attempts if not a.endswith(": succeeded"))
+    ]
+    waited = [job for job in waiting if sum(1 for a in job.attempts if _sold_out(a)) > 3]
+    placed = [job for job in waited if job.state == "completed"]
+    return Check(
+        "waiting jobs: sold out on every offer, each waits for capacity instead of failing",
+        not gave_up,
+        f"{len(waiting)} job(s): {len(waited)} tried an offer again after a wait, "
+        f"{len(placed)} of them then got their GPUs",
+        [f"seed {seed}: {job.name} gave up: {job.error}" for job in gave_up],
+    )
+
+
+def _sold_out(attempt: str) -> bool:
+    return ": Capacity at " in attempt or ": Quota at " in attempt
 
 
 def overlapping_runs(

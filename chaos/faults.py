@@ -79,6 +79,10 @@ class Timings:
     boot_timeout: float = 8.0  # short: boot_hang and lost registrations fail over quickly
     delete_timeout: float = 20.0
     block_ttl: int = 2  # shared blocks expire fast, so one stockout does not fail every job
+    # A stockout's block backs off per offering: as fast here, doubling to a few seconds.
+    capacity_backoff: int = 2
+    capacity_backoff_max: int = 8
+    launch_probe_window: int = 2
     # Liveness, for the API the harness serves and the worker's sweep: a node silent for
     # `lost_after` is lost by the next sweep. Its lease (how long a cut-off node's work may run
     # on) outlasts that, the failed teardown (three delete rounds) and the next placement
@@ -100,7 +104,13 @@ class Timings:
         )
 
     def jobs(self) -> JobsSettings:
-        return JobsSettings(block_ttl_seconds=self.block_ttl, stop_grace_seconds=self.stop_grace)
+        return JobsSettings(
+            block_ttl_seconds=self.block_ttl,
+            stop_grace_seconds=self.stop_grace,
+            capacity_backoff_seconds=self.capacity_backoff,
+            capacity_backoff_max_seconds=self.capacity_backoff_max,
+            launch_probe_window_seconds=self.launch_probe_window,
+        )
 
 
 @dataclass(frozen=True)
@@ -273,6 +283,9 @@ def worker_config(
         "[jobs]",
         f"block_ttl_seconds = {timings.block_ttl}",
         f"stop_grace_seconds = {timings.stop_grace!r}",
+        f"capacity_backoff_seconds = {timings.capacity_backoff}",
+        f"capacity_backoff_max_seconds = {timings.capacity_backoff_max}",
+        f"launch_probe_window_seconds = {timings.launch_probe_window}",
         "",
         "[workers]",
         f"heartbeat_interval_seconds = {timings.heartbeat_interval!r}",

@@ -19,6 +19,14 @@ hostile raw starts, the largest job, and the point at which each cancelled job i
   its first attempt are in flight: each of them takes 10 s and is carried out by the cloud
   whatever the job did meanwhile (the fake cloud's `lands_late`), so the job unwinds with a
   machine on its way. It must end failed by its timeout and leave nothing, on any machine.
+- A **hedged** job is a lease with `placement.hedge` (2 attempts, the second after
+  HEDGE_AFTER_SECONDS) whose first attempt's machines never boot (the fake cloud's
+  `boot_hang`): the second offer's attempt races it and should win, the first be torn down
+  through its own compensation, whatever disruption lands meanwhile.
+- A **waiting** job is a lease whose first creates are sold out on every offer (a Capacity
+  error, STOCKOUT_ROUNDS times the job's nodes): it waits for capacity (the default
+  `placement.capacity_wait`) on its durable timer, and its stockouts back off the offerings
+  for every other job too, as a region that sold out would.
 - The **largest** job asks for the spec's bound of nodes (256), with a provisioning timeout
   of 900 s.
 - A **cancelled** job is cancelled when its status first shows its cancel point
@@ -54,6 +62,10 @@ MID_STEP_TIMEOUT = 5  # seconds: shorter than the creates below take
 MID_STEP_CREATE_SECONDS = 10.0
 # A partitioned node is cut off this long after it registered even if its work never came.
 PARTITION_BACKSTOP = 30.0
+HEDGE_AFTER_SECONDS = 1.0  # the hedge starts this long after the hung first attempt
+# A waiting job's creates are sold out this many times per node: past the three offers, so it
+# has to wait for a block to lapse at least once.
+STOCKOUT_ROUNDS = 4
 
 Ending = Literal["exit", "kill", "until_stopped", "partition"]
 Partition = Literal["fenced", "gone", "last"]
@@ -102,6 +114,8 @@ class Role:
     hostile: str | None = None  # a hostile case (chaos/hostile.py CASES)
     impersonates: str | None = None  # the impostor's real job: the name its spec carries
     mid_step: bool = False  # its provisioning timeout lands while its creates are in flight
+    hedged: bool = False  # placement.hedge, its first attempt hung
+    waits: bool = False  # its first creates sold out on every offer
 
     def describe(self) -> str:
         parts = [self.kind]
@@ -115,6 +129,12 @@ class Role:
             parts.append(f"cancel at {self.cancel_at}")
         if self.mid_step:
             parts.append(f"times out at {MID_STEP_TIMEOUT}s with its creates in flight")
+        if self.hedged:
+            parts.append(
+                f"hedged: its first attempt hangs, a second races it after {HEDGE_AFTER_SECONDS:g}s"
+            )
+        if self.waits:
+            parts.append(f"waits: its first creates are sold out ({STOCKOUT_ROUNDS} per node)")
         return "; ".join(parts)
 
 
@@ -125,6 +145,8 @@ class Mix:
     hostile_fraction: float = 0.05
     mid_step_fraction: float = 0.05
     largest: int = 0  # jobs of LARGEST_NODES nodes
+    hedged_fraction: float = 0.05
+    waiting_fraction: float = 0.05
 
 
 def _share(fraction: float, jobs: int) -> int:
@@ -203,7 +225,37 @@ def assign_roles(seed: int, names: list[str], nodes: list[int], mix: Mix) -> lis
         chosen.sample(plain, min(_share(mix.mid_step_fraction, count), len(plain)))
     ):
         roles[index] = Role("lease", mid_step=True)
+    # Hedged and waiting jobs likewise, each from a generator of its own, after the others.
+    for label, fraction, role in (
+        ("hedged", mix.hedged_fraction, Role("lease", hedged=True)),
+        ("waiting", mix.waiting_fraction, Role("lease", waits=True)),
+    ):
+        plain = [i for i in range(count) if i not in roles and names[i] not in named]
+        drawn = random.Random(f"{seed}/{label}")
+        for index in drawn.sample(plain, min(_share(fraction, count), len(plain))):
+            roles[index] = role
     return [roles.get(index, Role()) for index in range(count)]
+
+
+def hedge_rule(job: str) -> FaultRule:
+    """Every machine of the job's first attempt stays Pending for good."""
+    return FaultRule(
+        primitive="create",
+        effect="boot_hang",
+        vm=f"{job}-a1-",
+        message=f"chaos: {job}'s first attempt never boots (a hedge races it)",
+    )
+
+
+def stockout_rule(job: str, nodes: int) -> FaultRule:
+    """The job's first creates, on whichever offer, are sold out."""
+    return FaultRule(
+        primitive="create",
+        kind=ErrorKind.CAPACITY,
+        vm=f"{job}-a",
+        times=STOCKOUT_ROUNDS * nodes,
+        message=f"chaos: sold out for {job}",
+    )
 
 
 def mid_step_rule(job: str) -> FaultRule:

@@ -14,6 +14,7 @@ from typing import Any
 from chaos.cancels import aid_rules
 from chaos.faults import FaultPlan, PlannedFault, Timings, plan_faults
 from chaos.mix import (
+    HEDGE_AFTER_SECONDS,
     LARGEST_NODES,
     LARGEST_PROVISIONING_TIMEOUT,
     MID_STEP_TIMEOUT,
@@ -21,8 +22,10 @@ from chaos.mix import (
     Mix,
     Role,
     assign_roles,
+    hedge_rule,
     mid_step_rule,
     partition_rules,
+    stockout_rule,
 )
 from gpuprov.models import JobSpec, JobStatus
 from gpuprov.sdk.client import JobHandle
@@ -48,6 +51,8 @@ class Options:
     hostile_fraction: float = 0.05  # hostile raw starts (chaos/hostile.py)
     mid_step_fraction: float = 0.05  # timeouts that land while creates are in flight
     largest: int = 0  # jobs of 256 nodes
+    hedged_fraction: float = 0.05  # leases that race a hung first attempt (placement.hedge)
+    waiting_fraction: float = 0.05  # leases whose first creates are sold out
 
 
 @dataclass
@@ -111,6 +116,8 @@ def make_plan(options: Options, timings: Timings) -> Plan:
         hostile_fraction=options.hostile_fraction,
         mid_step_fraction=options.mid_step_fraction,
         largest=options.largest,
+        hedged_fraction=options.hedged_fraction,
+        waiting_fraction=options.waiting_fraction,
     )
     roles = assign_roles(options.seed, names, sizes, mix)
     jobs = [
@@ -137,6 +144,11 @@ def make_plan(options: Options, timings: Timings) -> Plan:
             ]
         if job.role.mid_step:
             faults.faults.append(PlannedFault(mid_step_rule(job.name), job.name, aid=True))
+        if job.role.hedged:
+            faults.faults.append(PlannedFault(hedge_rule(job.name), job.name, role=True))
+        if job.role.waits:
+            rule = stockout_rule(job.name, job.nodes)
+            faults.faults.append(PlannedFault(rule, job.name, role=True))
         if job.role.work is not None and _partitioned(job):
             faults.faults += [
                 PlannedFault(rule, job.name, role=True)
@@ -187,6 +199,8 @@ def job_spec(job: JobRun, options: Options) -> JobSpec:
         data["provisioning_timeout_seconds"] = timeout
     if job.role.mid_step:
         data["provisioning_timeout_seconds"] = MID_STEP_TIMEOUT
+    if job.role.hedged:
+        data["placement"] = {"hedge": {"max_parallel": 2, "after_seconds": HEDGE_AFTER_SECONDS}}
     work = job.role.work
     if work is not None:
         data |= {
