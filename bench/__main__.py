@@ -33,6 +33,7 @@ from bench.cpu import python_loop_ms_per_million
 from bench.harness import dev_server
 from bench.heartbeats import heartbeats
 from bench.report import render
+from bench.scarcity import ScarcitySize, scarcity
 from bench.stats import BenchResults
 
 T = TypeVar("T")
@@ -49,6 +50,8 @@ class Sizes:
     observe_intervals: int = 8  # poll intervals counted per observe-rate run
     # agents, seconds between one agent's heartbeats, seconds per paced phase, unpaced seconds
     heartbeats: tuple[int, float, float, float] = (1000, 30.0, 60.0, 15.0)
+    # jobs per placement policy, arriving over this many modelled minutes (bench/scarcity.py)
+    scarcity: ScarcitySize = ScarcitySize(jobs=100, arrival_minutes=60.0)
 
 
 FULL = Sizes(
@@ -65,6 +68,7 @@ QUICK = Sizes(
     failover_repeats=3,
     triple_failover_repeats=1,
     heartbeats=(1000, 10.0, 20.0, 5.0),
+    scarcity=ScarcitySize(jobs=30, arrival_minutes=30.0),
 )
 
 
@@ -73,7 +77,7 @@ def limit(jobs: int, per_job: float) -> float:
     return 60 + per_job * jobs
 
 
-SCENARIOS = ("throughput", "overhead", "failover", "observe", "heartbeats")
+SCENARIOS = ("throughput", "overhead", "failover", "observe", "heartbeats", "scarcity")
 
 
 async def run_all(
@@ -114,6 +118,12 @@ async def run_all(
         results.heartbeats = await step(
             f"heartbeats, {agents} agents every {interval:g}s against one API process",
             heartbeats(agents, interval, seconds, burst),
+        )
+    if "scarcity" in only:
+        size = sizes.scarcity
+        results.scarcity = await step(
+            f"scarcity, {size.jobs} jobs per policy over {size.arrival_minutes:g} modelled min",
+            scarcity(client, size),
         )
 
 

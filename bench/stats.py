@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from bench.harness import JobTiming
 from bench.heartbeats import HeartbeatRun
+from bench.scarcity import PolicyRun
 from bench.scenarios import FailoverRun, ObserveRun, OverheadRun, ThroughputRun
 
 
@@ -22,6 +23,7 @@ class BenchResults:
     failover: list[FailoverRun] = field(default_factory=list)
     observe: list[ObserveRun] = field(default_factory=list)
     heartbeats: HeartbeatRun | None = None
+    scarcity: list[PolicyRun] = field(default_factory=list)  # one run per placement policy
     duration: float = 0.0
     peak_rss_mb: float = 0.0
     load: tuple[float, float] | None = None  # 1-minute load average at start and end

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench import heartbeat_report
+from bench import heartbeat_report, scarcity_report
 from bench.stats import (
     BenchResults,
     end_to_end,
@@ -28,6 +28,7 @@ def targets(results: BenchResults) -> list[Check]:
         _observe(results),
         _history(results),
         _heartbeats(results),
+        _scarcity(results),
     ]
 
 
@@ -109,3 +110,8 @@ def _history(results: BenchResults) -> Check:
 def _heartbeats(results: BenchResults) -> Check:
     name, measured, ok = heartbeat_report.target(results.heartbeats)
     return name, measured, _verdict(ok)
+
+
+def _scarcity(results: BenchResults) -> Check:
+    target, measured, met = scarcity_report.target(results.scarcity)
+    return target, measured, _verdict(met)

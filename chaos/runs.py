@@ -140,6 +140,13 @@ def _partitioned(job: JobRun, log: WorkLog, leases: list[AgentLease]) -> tuple[s
     if not cut:
         return f"never cut off: ended {state}", []
     error = _first_line(final.error)
+    if final.ready_at is None and not log.starts:
+        # Cut off while the job was still provisioning (a busy machine: its other nodes were
+        # not ready yet): the node's silence cannot be judged before the job runs, and its
+        # provisioning deadline is what ends it; what it left is judged with every job's.
+        timed_out = state == "failed" and "provisioning timed out" in (final.error or "")
+        trouble = [] if timed_out else [f"cut off before it was placed but ended {state}: {error}"]
+        return "partitioned before it was placed: provisioning timed out", trouble
     silent = "went silent" in (final.error or "") or any(
         "went silent" in restart.cause for restart in final.restarts
     )

@@ -10,11 +10,13 @@ from temporalio.client import Client
 
 from bench.__main__ import Sizes, run_all
 from bench.report import render
+from bench.scarcity import POLICIES, ScarcitySize
 from bench.stats import BenchResults
 from bench.targets import MAX_HAPPY_EVENTS
 
 pytestmark = pytest.mark.slow  # measured: docs/testing.md, "The fast lane"
 
+ENDED = {"completed", "failed", "cancelled"}
 SMALLEST = Sizes(
     overhead=(1, 5),
     observe=(1, 5),
@@ -23,6 +25,7 @@ SMALLEST = Sizes(
     triple_failover_repeats=1,
     observe_intervals=2,
     heartbeats=(5, 0.5, 1.5, 1.0),
+    scarcity=ScarcitySize(jobs=3, arrival_minutes=2.0, deadline_minutes=15.0),
 )
 
 
@@ -52,6 +55,12 @@ async def test_bench_smallest_sizes_run_and_render(client: Client) -> None:
         assert phase is not None and phase.ok == phase.sent > 0 and phase.errors == {}
     assert beats.paced.sent == 5 * 3  # each of 5 agents every 0.5 s for 1.5 s
 
+    assert [run.policy for run in results.scarcity] == [policy.name for policy in POLICIES]
+    for run in results.scarcity:
+        assert all(job.final is not None and job.final.state.value in ENDED for job in run.jobs)
+        assert run.leaks == 0  # every machine and side resource gone once every job ended
+        assert sum(run.creates.values()) >= len(run.times())
+
     report = render(results)
     for heading in (
         "## Targets",
@@ -62,6 +71,7 @@ async def test_bench_smallest_sizes_run_and_render(client: Client) -> None:
         "## Cloud API calls",
         "## History per job",
         "## Heartbeats: one API process",
+        "## Time to GPU when GPUs are scarce",
     ):
         assert heading in report
     assert f"| single node, happy path (1 job) | {happy.events} |" in report

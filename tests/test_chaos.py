@@ -84,6 +84,24 @@ def test_a_run_verdict_fails_a_killed_job_that_ran_its_work_once() -> None:
     assert any("not twice each" in line for line in check.detail), check.detail
 
 
+def test_a_node_cut_off_before_its_job_was_placed_is_judged_by_the_provisioning_deadline() -> None:
+    """On a busy machine a partition can land while the job still provisions: failing by its
+    provisioning timeout is then right; failing for anything else, or completing, is not."""
+    work = Work("partition", max_restarts=0, partition="last", cut_after=2.0)
+    lease = AgentLease("i0", "chaos-0002-a1-n0-x", 110.0, None, 109.0, 60.0, None, None, None)
+
+    def judged(error: str) -> list[str]:
+        job = JobRun("chaos-0002", 1, 0.0, role=Role("run", work=work))
+        job.handle, job.state = cast(Any, object()), "failed"
+        job.final = JobStatus(name=job.name, state=JobState.FAILED, error=error)
+        check = judge_runs([job], {job.name: WorkLog()}, {}, seed=1, partitions={job.name: [lease]})
+        assert check is not None
+        return check.detail
+
+    assert judged("provisioning timed out after 120s; instances released.") == []
+    assert judged("aborted by Credentials: no") != []
+
+
 def test_the_overlap_check_fails_a_new_epoch_started_before_a_cut_off_node_stopped() -> None:
     """The check can fail: a partitioned node's work ran on (its lease not over) while the next
     epoch's started; one that started after it had stopped passes, the margin reported."""

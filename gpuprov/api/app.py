@@ -6,13 +6,15 @@
     GET  /v1/work, POST /v1/work/{id}/started|exit|logs           the worker's credential
     GET  /v1/jobs/{job}/logs                                      an operator API key
     GET  /v1/cost[?job=NAME]                                      an operator API key
+    GET  /v1/offers/stats[?offering=KEY]                          an operator API key
     GET  /v1/health                                               open
     GET  /v1/node/agent.pyz                                       open (no secret in it)
 
 Who may call what is declared per endpoint with gpuprov/api/auth.py's dependencies; the workers
 endpoints live in gpuprov/api/workers.py, the work and log ones in gpuprov/api/work.py. A
 registration answers the worker's credential once (only its SHA-256 is stored): the node
-presents it on every later call. The cost endpoint lives in gpuprov/api/cost.py.
+presents it on every later call. The cost endpoint lives in gpuprov/api/cost.py, the offer
+statistics in gpuprov/api/offers.py.
 
 The token is checked by its SHA-256 (unknown, used and expired tokens are 401), used once, and
 bound to one VM row (a managed node) or one reservation label (an existing worker). Identity —
@@ -54,6 +56,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from gpuprov.api import auth
 from gpuprov.api import cost as api_cost
 from gpuprov.api import node as api_node
+from gpuprov.api import offers as api_offers
 from gpuprov.api import work as api_work
 from gpuprov.api import workers as api_workers
 from gpuprov.api.auth import AuthFailures
@@ -217,6 +220,7 @@ def create_app(
     api_workers.add_routes(app, workers or WorkersSettings(), jobs)
     api_work.add_routes(app, jobs)
     api_cost.add_routes(app)
+    api_offers.add_routes(app, jobs)
     api_node.add_routes(app)
 
     @app.exception_handler(RequestValidationError)

@@ -110,6 +110,7 @@ async def test_every_endpoint_declares_who_may_call_it(app: FastAPI, api: httpx.
         ("DELETE", "/v1/workers/{worker_id}"),
         ("GET", "/v1/cost"),
         ("GET", "/v1/jobs/{job}/logs"),
+        ("GET", "/v1/offers/stats"),
         ("GET", "/v1/workers"),
         ("POST", "/v1/workers/{worker_id}/drain"),
         ("POST", "/v1/workers/{worker_id}/undrain"),

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
+import httpx
 import pytest
 
-from gpuprov.models import AttemptRecord, ErrorKind, offering_key
+from gpuprov.api.app import create_app
+from gpuprov.models import AttemptRecord, ErrorKind, OfferStats, offering_key
+from gpuprov.store.credentials import Credentials
 from gpuprov.store.db import Database
 from gpuprov.store.offer_stats import OfferStatsStore, percentile
+from gpuprov.store.records import Records
 
 pytestmark = pytest.mark.slow  # PostgreSQL too: docs/testing.md, "The fast lane"
 
@@ -92,3 +96,28 @@ def test_old_attempts_lapse_and_each_offering_keeps_its_newest(database: Databas
     assert west.attempts == 1
     assert store.prune(T0 + timedelta(days=3)) == 4  # every row is past the day now
     assert store.stats(T0 + timedelta(days=3)) == []
+
+
+async def test_an_operator_reads_the_statistics_over_the_api(records: Records, database: Database):
+    store = OfferStatsStore(database)
+    store.record(_record(1, "ready", seconds_to_ready=40))
+    store.record(_record(2, "failed", kind=ErrorKind.CAPACITY, step="create"))
+    store.record(_record(1, "ready", offering=WEST, job="eval", seconds_to_ready=90))
+    _, key = Credentials(database).create_operator_key("ops")
+    transport = httpx.ASGITransport(app=create_app(records))
+    async with httpx.AsyncClient(transport=transport, base_url="http://api") as api:
+        headers = {"Authorization": f"Bearer {key}"}
+        everything = await api.get("/v1/offers/stats", headers=headers)
+        east = await api.get("/v1/offers/stats", params={"offering": EAST}, headers=headers)
+        refused = await api.get("/v1/offers/stats")
+        malformed = await api.get("/v1/offers/stats", params={"offering": "x"}, headers=headers)
+
+    assert everything.status_code == 200, everything.text
+    stats = [OfferStats.model_validate(item) for item in everything.json()]
+    assert [(s.offering, s.attempts, s.ready, s.capacity_failures) for s in stats] == [
+        (EAST, 2, 1, 1),
+        (WEST, 1, 1, 0),
+    ]
+    assert [OfferStats.model_validate(item).offering for item in east.json()] == [EAST]
+    assert refused.status_code == 401
+    assert malformed.status_code == 422 and "offering" in malformed.text

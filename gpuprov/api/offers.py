@@ -1,0 +1,46 @@
+"""The offer statistics, as the API shows them:
+
+    GET /v1/offers/stats                      every offering with a kept attempt
+    GET /v1/offers/stats?offering=KEY&...     the offerings named (provider/region/type[:spot])
+
+Operators only (an API key). The answer is each offering's `gpuprov.models.OfferStats` (recent
+success share, stockouts, p50/p95 seconds from create to every node ready), read from the
+database over the retention `[jobs]` sets, as `gpuprov offers` shows them beside the prices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Query, Request
+
+from gpuprov.api.auth import REFUSALS, require_operator
+from gpuprov.config import JobsSettings
+from gpuprov.models import OfferStats
+from gpuprov.store.db import utcnow
+from gpuprov.store.offer_stats import OfferStatsStore
+
+# provider/region/instance type, with ":spot" for spot: what offering_key writes.
+OFFERING_PATTERN = r"^[A-Za-z0-9._-]+/[A-Za-z0-9._-]+/[A-Za-z0-9._-]+(:spot)?$"
+
+
+def add_routes(app: FastAPI, jobs: JobsSettings) -> None:
+    """The offer statistics endpoint, on the app itself."""
+    retention = timedelta(days=jobs.offer_stats_retention_days)
+
+    def store(request: Request) -> OfferStatsStore:
+        return OfferStatsStore(
+            request.app.state.records.db, retention, jobs.offer_stats_per_offering
+        )
+
+    @app.get("/v1/offers/stats", dependencies=[Depends(require_operator)], responses=REFUSALS)
+    async def offer_stats(
+        offers: Annotated[OfferStatsStore, Depends(store)],
+        offering: Annotated[
+            list[str] | None, Query(max_length=64, pattern=OFFERING_PATTERN)
+        ] = None,
+    ) -> list[OfferStats]:
+        """Each offering's recent attempts, summarised (those named, or every one kept)."""
+        return await asyncio.to_thread(offers.stats, utcnow(), offering)
