@@ -155,6 +155,7 @@ class ProvisionJob:
             self._status.ended_because = "cancelled"
             self._set_state(JobState.RELEASING, "teardown after cancellation")
             await self._stop_work()
+            await self._abandon_stray_work()
             await self._unwind()
             await self._free_workers()
             self._set_state(JobState.CANCELLED)
@@ -165,6 +166,7 @@ class ProvisionJob:
             if self._status.state in (JobState.QUEUED, JobState.PROVISIONING):
                 metrics.provisioning_seconds("failed")
             await self._stop_work()
+            await self._abandon_stray_work()
             await self._unwind()  # nothing is left by now unless placed; kept as a guarantee
             await self._free_workers()
             self._fail(str(failure))
@@ -554,6 +556,19 @@ class ProvisionJob:
             await run_step(WorkActivities.abandon_work, epoch)
         except StepFailure as failure:
             self._status.leaks.append(f"stopping the work: {failure}")
+
+    async def _abandon_stray_work(self) -> None:
+        """A job that ends without having handed its work out (as far as its history says)
+        gives up the work rows of its epoch anyway: handing work out is a local activity, and
+        one that ran inside a workflow task that timed out (a busy or dying worker) has written
+        its rows, and its nodes may have started them, with no trace in the history that the
+        job then followed to its end. Idempotent; nothing to give up is the usual case."""
+        if self._spec.run is None or self._work_assigned or not self._changes.abandon_stray_work:
+            return
+        try:
+            await run_step(WorkActivities.abandon_work, self._epoch_input())
+        except StepFailure as failure:
+            self._status.leaks.append(f"giving up the work: {failure}")
 
     async def _release(self) -> None:
         self._set_state(JobState.RELEASING, "terminating instances")

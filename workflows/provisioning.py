@@ -74,6 +74,8 @@ with workflow.unsafe.imports_passed_through():
 # budget), and the per-offering record of every attempt.
 CAPACITY_WAIT = "capacity-wait"
 ATTEMPT_RECORDS = "attempt-records"
+# A job that ends before it handed out work gives up its work rows anyway (workflows/job.py).
+ABANDON_STRAY_WORK = "abandon-stray-work"
 
 
 @dataclass(frozen=True)
@@ -88,12 +90,14 @@ class ProvisioningChanges:
 
     capacity_wait: bool = False
     attempt_records: bool = False
+    abandon_stray_work: bool = False
 
     @classmethod
     def decide(cls) -> ProvisioningChanges:
         return cls(
             capacity_wait=workflow.patched(CAPACITY_WAIT),
             attempt_records=workflow.patched(ATTEMPT_RECORDS),
+            abandon_stray_work=workflow.patched(ABANDON_STRAY_WORK),
         )
 
 

@@ -24,6 +24,21 @@ def progress_line(status: JobStatus) -> str:
     return f"[{status.state.value}]{waiting}"
 
 
+def _losers_text(status: JobStatus) -> list[str]:
+    """What the hedges' losing attempts cost, summed per currency (none: no line)."""
+    spent: dict[str, float] = {}
+    for attempt in status.attempts:
+        if attempt.cost is not None:
+            spent[attempt.cost.currency] = (
+                spent.get(attempt.cost.currency, 0.0) + attempt.cost.amount
+            )
+    if not spent:
+        return []
+    hedges = sum(1 for attempt in status.attempts if attempt.hedge)
+    total = ", ".join(f"{amount:.2f} {currency}" for currency, amount in sorted(spent.items()))
+    return [f"  hedges: {hedges} started; the losing attempts cost {total}"]
+
+
 def status_text(status: JobStatus) -> str:
     lines = [f"job {status.name}: {status.state.value}"]
     if status.run:
@@ -36,7 +51,11 @@ def status_text(status: JobStatus) -> str:
     if status.attempts:
         lines.append("  offers tried:")
         for attempt in status.attempts:
-            lines.append(f"    {attempt.describe()}  [{price_text(attempt.offer)}]")
+            extra = " (hedge)" if attempt.hedge else ""
+            if attempt.cost is not None:
+                extra += f", cost {attempt.cost.amount:.2f} {attempt.cost.currency}"
+            lines.append(f"    {attempt.describe()}  [{price_text(attempt.offer)}]{extra}")
+        lines += _losers_text(status)
     if status.blocks:
         lines.append("  blocks:")
         for block in status.blocks:

@@ -19,9 +19,11 @@ import pytest
 from activities.cloud import CloudActivities, CreateInput
 from activities.fencing import CallFence
 from gpuprov.config import FaultRule
-from gpuprov.models import JobState
+from gpuprov.engine.worker import open_records
+from gpuprov.models import JobState, WorkState
 from gpuprov.store.db import utcnow
 from gpuprov.store.fences import ClaimOutcome, VmFences
+from gpuprov.store.work import Assignment, RunCommand, WorkRecords
 from providers.base import InstanceSpec, Offer, ResourceRequest
 from providers.fake import FakeCloud
 from tests.helpers import (
@@ -180,3 +182,31 @@ async def test_the_fake_clouds_lands_late_rule_makes_a_timeout_land_mid_create(
         assert len(cloud.state.creates_per_vm()) == 2  # both landed, after the timeout
         assert_one_create_per_vm(cloud)
         assert_nothing_left(cloud)
+
+
+async def test_work_handed_out_in_a_lost_workflow_task_is_given_up_when_the_job_ends(
+    client, task_queue, job_name, tmp_path
+) -> None:
+    # Handing work out is a local activity: one that ran inside a workflow task that then
+    # timed out (a busy worker) has written its rows, though the history the job follows to
+    # its end never handed anything out. Such rows are written here by hand, while the job
+    # still provisions; the job then fails by its deadline and must give them up.
+    records = open_records(f"sqlite:///{tmp_path / 'gpuprov.db'}")
+    hang = FaultRule(primitive="create", effect="boot_hang")
+    work = WorkRecords(records.db)
+    cloud_config = fast_cloud([hang], simulate_agent=True)
+    try:
+        async with fake_worker(client, task_queue, cloud_config, records) as (gp, cloud):
+            spec = job(job_name, run="true", provisioning_timeout_seconds=4)
+            handle = await gp.submit(spec)
+            started = await until(handle, lambda s: bool(s.run and s.attempts))
+            stray = Assignment(rank=0, worker_id="w-stray", command=RunCommand(run="true"))
+            await asyncio.to_thread(work.assign, job_name, 0, [stray], started.run)
+            final = await asyncio.wait_for(handle.result(), 60)
+            assert final.state is JobState.FAILED
+            assert "provisioning timed out" in (final.error or "")
+            rows = await asyncio.to_thread(work.of_job, job_name, 0, started.run)
+            assert [row.state for row in rows] == [WorkState.ABANDONED]
+            assert_nothing_left(cloud)
+    finally:
+        records.db.dispose()

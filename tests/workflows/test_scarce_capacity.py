@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
+from gpuprov.cli.render import status_text
 from gpuprov.config import FaultRule, JobsSettings
 from gpuprov.engine.worker import open_records
 from gpuprov.models import AttemptOutcome, ErrorKind, JobState
@@ -107,6 +108,9 @@ async def test_a_hedge_races_a_slow_first_offer_and_tears_the_loser_down(
             True,
         )
         assert first.cost is not None and first.cost.unit == "total" and first.cost.amount > 0
+        shown = status_text(at_ready)  # `gpuprov status`
+        assert "(hedge)" in shown and f"cost {first.cost.amount:.2f} USD" in shown
+        assert f"hedges: 1 started; the losing attempts cost {first.cost.amount:.2f} USD" in shown
         assert at_ready.blocks == [] or all(b.key != OFFER_A for b in at_ready.blocks)
         assert at_ready.nodes[-1].provider == "fake" and at_ready.nodes[-1].zone == "r1-b"
         assert final.state is JobState.COMPLETED
