@@ -21,6 +21,9 @@ from providers.errors import ErrorKind
 # block lapses. Any other failure rules the offer out for the rest of the job's provisioning.
 WAITABLE = frozenset({ErrorKind.CAPACITY, ErrorKind.QUOTA})
 LEAST_WAIT_SECONDS = 1.0
+# A wait stops, failing the job, once its run's history is this long: well within Temporal's
+# 51,200 events per run (a day of waiting on three offers measured 3,280 events).
+MOST_EVENTS_WAITING = 40_000
 
 
 def waitable(attempt: Attempt) -> bool:
@@ -87,4 +90,13 @@ def waiting_message(
     return (
         f"capacity: {stocked_out} offer(s) out of stock, {tries} tried so far, next try "
         f"{offering_of(upcoming.offer)} in {in_words(upcoming.seconds_from(now))}"
+    )
+
+
+def too_long_message(events: int, status: JobStatus, offers: list[Offer]) -> str:
+    tries = len(status.attempts)
+    return (
+        f"still out of capacity after {tries} tries of {len(offers)} offer(s); the wait has "
+        f"{events} history events, the most one run may hold while waiting "
+        f"({MOST_EVENTS_WAITING}): submit it again to wait on"
     )

@@ -174,6 +174,11 @@ class Provisioning:
         )
         if upcoming is None:
             raise JobFailed(report.spent_message(self.status, offers))
+        events = workflow.info().get_current_history_length()
+        if events >= capacity_wait.MOST_EVENTS_WAITING:
+            # A wait is one run: past this, Temporal would soon terminate the job (51,200
+            # events) instead of letting it fail cleanly, naming why.
+            raise JobFailed(capacity_wait.too_long_message(events, self.status, offers))
         now = workflow.now()
         self.waiting(capacity_wait.waiting_message(offers, self.status, upcoming, now))
         self.waited = True

@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Annotated
 
 from fastapi import Depends, FastAPI, Query, Request
+from pydantic import StringConstraints
 
 from gpuprov.api.auth import REFUSALS, require_operator
 from gpuprov.config import JobsSettings
@@ -24,23 +25,23 @@ from gpuprov.store.offer_stats import OfferStatsStore
 
 # provider/region/instance type, with ":spot" for spot: what offering_key writes.
 OFFERING_PATTERN = r"^[A-Za-z0-9._-]+/[A-Za-z0-9._-]+/[A-Za-z0-9._-]+(:spot)?$"
+OfferingKey = Annotated[str, StringConstraints(pattern=OFFERING_PATTERN, max_length=256)]
+
+
+def _store(request: Request) -> OfferStatsStore:
+    retention, per_offering = request.app.state.offer_stats_bounds
+    return OfferStatsStore(request.app.state.records.db, retention, per_offering)
 
 
 def add_routes(app: FastAPI, jobs: JobsSettings) -> None:
     """The offer statistics endpoint, on the app itself."""
     retention = timedelta(days=jobs.offer_stats_retention_days)
-
-    def store(request: Request) -> OfferStatsStore:
-        return OfferStatsStore(
-            request.app.state.records.db, retention, jobs.offer_stats_per_offering
-        )
+    app.state.offer_stats_bounds = (retention, jobs.offer_stats_per_offering)
 
     @app.get("/v1/offers/stats", dependencies=[Depends(require_operator)], responses=REFUSALS)
     async def offer_stats(
-        offers: Annotated[OfferStatsStore, Depends(store)],
-        offering: Annotated[
-            list[str] | None, Query(max_length=64, pattern=OFFERING_PATTERN)
-        ] = None,
+        offers: Annotated[OfferStatsStore, Depends(_store)],
+        offering: Annotated[list[OfferingKey] | None, Query(max_length=64)] = None,
     ) -> list[OfferStats]:
         """Each offering's recent attempts, summarised (those named, or every one kept)."""
         return await asyncio.to_thread(offers.stats, utcnow(), offering)

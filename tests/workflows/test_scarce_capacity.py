@@ -30,6 +30,7 @@ from tests.helpers import (
     ready_then_release,
     until,
 )
+from workflows import capacity_wait
 
 OFFER_A, OFFER_B = "fake/r1-a/gpu8", "fake/r1-b/gpu8"
 # A stockout's block lasts a second here (two minutes, doubling, in production).
@@ -202,3 +203,24 @@ def test_the_loser_cost_is_rounded_by_the_provider_s_billing() -> None:
     assert cost is not None and (cost.amount, cost.unit) == (2.4, "total")  # 2 x 36/h x 120 s
     unpriced = attempt.model_copy(update={"offer": offer.model_copy(update={"price": None})})
     assert loser_cost(unpriced, 2, Billing()) is None
+
+
+async def test_a_wait_too_long_for_one_run_fails_the_job_cleanly(
+    client: Client,
+    task_queue: str,
+    job_name: str,
+    sqlite_records: Records,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Temporal ends a run at 51,200 events; a wait stops well before, naming why. The bound is
+    # lowered here so that a few seconds of waiting reach it.
+    monkeypatch.setattr(capacity_wait, "MOST_EVENTS_WAITING", 150)
+    stockout = FaultRule(primitive="create", kind=ErrorKind.CAPACITY, message="sold out")
+    async with fake_worker(
+        client, task_queue, fast_cloud([stockout]), sqlite_records, jobs=QUICK_BACKOFF
+    ) as (gp, cloud):
+        final = await asyncio.wait_for((await gp.submit(job(job_name))).result(), 60)
+        assert final.state is JobState.FAILED
+        assert "still out of capacity after" in (final.error or "")
+        assert "submit it again to wait on" in (final.error or "")
+        assert_nothing_left(cloud)
