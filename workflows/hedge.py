@@ -82,6 +82,7 @@ class Race:
         delay_for: Callable[[Offer], float],
         next_offer: NextOffer,
         start: StartAttempt,
+        on_win: Callable[[Runner], None] | None = None,
     ) -> None:
         self.hedge = hedge
         self.nodes = nodes
@@ -89,6 +90,9 @@ class Race:
         self.delay_for = delay_for
         self.next_offer = next_offer
         self.start = start
+        # Told of the winner before the losers are stopped: a cancel or the deadline landing
+        # while they are torn down must find the winner's compensations where the job unwinds.
+        self.on_win = on_win
         self.alive: list[Runner] = []
 
     def budget_left(self, now: datetime) -> bool:
@@ -141,6 +145,8 @@ class Race:
                 if runner.task.result() and winner is None:
                     winner = runner
             if winner is not None:
+                if self.on_win is not None:
+                    self.on_win(winner)
                 losers, self.alive = self.alive, []
                 for loser in losers:
                     loser.attempt.outcome = AttemptOutcome.LOST_RACE

@@ -299,6 +299,12 @@ class ProvisionJob:
             if workflow.patched(UNWIND_PROVISIONED_ON_CANCEL):
                 self._stack = self._provisioning.stack
             raise
+        except JobFailed:
+            # The deadline that lands after an attempt handed its nodes over (a race's losers
+            # still being torn down, its records being written) must unwind them too.
+            if self._changes.unwind_winner_at_deadline:
+                self._stack = self._provisioning.stack
+            raise
         self._stack = self._provisioning.stack  # the winning attempt's: undone at release
         self._capabilities = self._provisioning.capabilities
 

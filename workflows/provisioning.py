@@ -76,6 +76,9 @@ CAPACITY_WAIT = "capacity-wait"
 ATTEMPT_RECORDS = "attempt-records"
 # A job that ends before it handed out work gives up its work rows anyway (workflows/job.py).
 ABANDON_STRAY_WORK = "abandon-stray-work"
+# The provisioning deadline (or a cancel) landing after an attempt won, while the race's losers
+# are torn down or its records written, unwinds the winner too (workflows/job.py, hedge.py).
+UNWIND_WINNER_AT_DEADLINE = "unwind-winner-at-deadline"
 
 
 @dataclass(frozen=True)
@@ -91,6 +94,7 @@ class ProvisioningChanges:
     capacity_wait: bool = False
     attempt_records: bool = False
     abandon_stray_work: bool = False
+    unwind_winner_at_deadline: bool = False
 
     @classmethod
     def decide(cls) -> ProvisioningChanges:
@@ -98,6 +102,7 @@ class ProvisioningChanges:
             capacity_wait=workflow.patched(CAPACITY_WAIT),
             attempt_records=workflow.patched(ATTEMPT_RECORDS),
             abandon_stray_work=workflow.patched(ABANDON_STRAY_WORK),
+            unwind_winner_at_deadline=workflow.patched(UNWIND_WINNER_AT_DEADLINE),
         )
 
 
@@ -243,7 +248,19 @@ class Provisioning:
             return hedge_delay(offer, self.stats.get(offering_of(offer)), self._hints(offer))
 
         first = len(self.status.attempts)
-        race = Race(hedge, self.spec.nodes, self.status.attempts, delay_for, next_offer, start)
+
+        def on_win(winner: Runner) -> None:
+            self.stack = winner.stack
+
+        race = Race(
+            hedge,
+            self.spec.nodes,
+            self.status.attempts,
+            delay_for,
+            next_offer,
+            start,
+            on_win if self.changes.unwind_winner_at_deadline else None,
+        )
         winner = await race.run()
         if winner is None:
             return False

@@ -224,3 +224,29 @@ async def test_a_wait_too_long_for_one_run_fails_the_job_cleanly(
         assert "still out of capacity after" in (final.error or "")
         assert "submit it again to wait on" in (final.error or "")
         assert_nothing_left(cloud)
+
+
+async def test_the_deadline_landing_while_a_race_s_losers_are_torn_down_unwinds_the_winner(
+    client: Client, task_queue: str, job_name: str, sqlite_records: Records
+) -> None:
+    # The hedge wins at about 2 s; the hung loser's delete takes 6 s, and the 4 s provisioning
+    # deadline lands while it runs. The winner's machine was the job's by then: torn down too.
+    faults = [
+        FaultRule(primitive="create", effect="boot_hang", vm=f"{job_name}-a1-"),
+        FaultRule(primitive="delete", effect="delay", delay_seconds=6, vm=f"{job_name}-a1-"),
+    ]
+    async with fake_worker(client, task_queue, fast_cloud(faults), sqlite_records) as (gp, cloud):
+        spec = job(
+            job_name,
+            provisioning_timeout_seconds=4,
+            placement={"hedge": {"max_parallel": 2, "after_seconds": 1}},
+        )
+        final = await asyncio.wait_for((await gp.submit(spec)).result(), 90)
+        assert final.state is JobState.FAILED, final
+        assert "provisioning timed out" in (final.error or "")
+        assert [a.outcome for a in final.attempts] == [
+            AttemptOutcome.LOST_RACE,
+            AttemptOutcome.SUCCEEDED,
+        ]
+        assert_nothing_left(cloud)
+        assert_one_create_per_vm(cloud)
