@@ -66,6 +66,9 @@ HEDGE_AFTER_SECONDS = 1.0  # the hedge starts this long after the hung first att
 # A waiting job's creates are sold out this many times per node: past the three offers, so it
 # has to wait for a block to lapse at least once.
 STOCKOUT_ROUNDS = 4
+# Hedged and waiting jobs are there to race and to wait under disruptions, not to meet the
+# harness's usual deadline: on a busy machine 120 s ends them before either happens.
+RACE_AND_WAIT_PROVISIONING_TIMEOUT = 600
 
 Ending = Literal["exit", "kill", "until_stopped", "partition"]
 Partition = Literal["fenced", "gone", "last"]

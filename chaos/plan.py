@@ -18,6 +18,7 @@ from chaos.mix import (
     LARGEST_NODES,
     LARGEST_PROVISIONING_TIMEOUT,
     MID_STEP_TIMEOUT,
+    RACE_AND_WAIT_PROVISIONING_TIMEOUT,
     RUN_HEALTH_INTERVAL,
     Mix,
     Role,
@@ -201,6 +202,9 @@ def job_spec(job: JobRun, options: Options) -> JobSpec:
         data["provisioning_timeout_seconds"] = MID_STEP_TIMEOUT
     if job.role.hedged:
         data["placement"] = {"hedge": {"max_parallel": 2, "after_seconds": HEDGE_AFTER_SECONDS}}
+    if job.role.hedged or job.role.waits:
+        timeout = max(options.provisioning_timeout, RACE_AND_WAIT_PROVISIONING_TIMEOUT)
+        data["provisioning_timeout_seconds"] = timeout
     work = job.role.work
     if work is not None:
         data |= {

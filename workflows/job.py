@@ -368,6 +368,8 @@ class ProvisionJob:
                 assignments=running.assignments(self._spec, nodes, attempt=self._epoch + 1),
                 run=self._run,
             ),
+            # The nodes start what this writes: never from a workflow task that may be lost.
+            remote=self._changes.assign_work_as_task,
         )
         self._set_state(JobState.RUNNING, f"the work to end on {len(nodes)} node(s)")
         self._changed = True  # read the nodes' state once before the first wait

@@ -79,6 +79,8 @@ ABANDON_STRAY_WORK = "abandon-stray-work"
 # The provisioning deadline (or a cancel) landing after an attempt won, while the race's losers
 # are torn down or its records written, unwinds the winner too (workflows/job.py, hedge.py).
 UNWIND_WINNER_AT_DEADLINE = "unwind-winner-at-deadline"
+# Work is handed to the nodes by an activity task, never by a local activity (workflows/job.py).
+ASSIGN_WORK_AS_TASK = "assign-work-as-task"
 
 
 @dataclass(frozen=True)
@@ -95,6 +97,7 @@ class ProvisioningChanges:
     attempt_records: bool = False
     abandon_stray_work: bool = False
     unwind_winner_at_deadline: bool = False
+    assign_work_as_task: bool = False
 
     @classmethod
     def decide(cls) -> ProvisioningChanges:
@@ -103,6 +106,7 @@ class ProvisioningChanges:
             attempt_records=workflow.patched(ATTEMPT_RECORDS),
             abandon_stray_work=workflow.patched(ABANDON_STRAY_WORK),
             unwind_winner_at_deadline=workflow.patched(UNWIND_WINNER_AT_DEADLINE),
+            assign_work_as_task=workflow.patched(ASSIGN_WORK_AS_TASK),
         )
 
 

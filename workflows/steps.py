@@ -168,9 +168,15 @@ async def run_step(
     *,
     hints: Capabilities | None = None,
     summary: str | None = None,
+    remote: bool = False,
 ) -> Any:
     """Execute one activity per its row in STEPS; a failure comes back as StepFailure(step,
-    kind, cloud's words, block scope), and a cancellation as asyncio.CancelledError."""
+    kind, cloud's words, block scope), and a cancellation as asyncio.CancelledError.
+
+    `remote` runs a local step as an activity task instead: a local step runs inside the
+    workflow task, so what it changes stays changed even when that task is lost (timed out
+    on a busy worker, or its worker killed) and the history goes another way; an activity
+    is only scheduled by a workflow task that completed."""
     step = STEPS[fn]
     args = [] if arg is None else [arg]
     timeout = _duration(step.timeout, hints, fn)
@@ -180,7 +186,7 @@ async def run_step(
         else workflow.ActivityCancellationType.TRY_CANCEL
     )
     try:
-        if step.local:
+        if step.local and not remote:
             return await workflow.execute_local_activity_method(
                 fn,
                 args=args,
