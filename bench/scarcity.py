@@ -49,6 +49,7 @@ from providers.base import InstanceSpec, InstanceStatus, Observed, Offer
 from providers.errors import ErrorKind, ProviderError
 from providers.fake import FakeCloud
 from providers.fake.state import InstanceRow
+from workflows.hedge import losers_spend
 
 MINUTE = SECONDS_PER_MODELLED_MINUTE
 NODES = 1  # per job
@@ -156,13 +157,7 @@ class JobResult:
         return (self.final.ready_at.timestamp() - self.submitted) / MINUTE
 
     def loser_cost(self) -> float:
-        if self.final is None:
-            return 0.0
-        return sum(
-            a.cost.amount
-            for a in self.final.attempts
-            if a.outcome is AttemptOutcome.LOST_RACE and a.cost is not None
-        )
+        return 0.0 if self.final is None else losers_spend(self.final.attempts)
 
     def winner_first_hour(self) -> float:
         """What the winning machines cost over their first (modelled) hour."""

@@ -567,10 +567,10 @@ class ProvisionJob:
 
     async def _abandon_stray_work(self) -> None:
         """A job that ends without having handed its work out (as far as its history says)
-        gives up the work rows of its epoch anyway: handing work out is a local activity, and
-        one that ran inside a workflow task that timed out (a busy or dying worker) has written
-        its rows, and its nodes may have started them, with no trace in the history that the
-        job then followed to its end. Idempotent; nothing to give up is the usual case."""
+        gives up the work rows of its epoch anyway: rows its history does not show, such as
+        those a local `assign_work` wrote inside a workflow task that was then lost (how work
+        was handed out before `assign-work-as-task`), must not stay open once the job is over.
+        Idempotent; nothing to give up is the usual case."""
         if self._spec.run is None or self._work_assigned or not self._changes.abandon_stray_work:
             return
         try:

@@ -69,9 +69,9 @@ with workflow.unsafe.imports_passed_through():
     from workflows.selection import blocking, by_ready_time, hedge_delay, rank_offers
     from workflows.steps import run_step
 
-# New commands in a job's provisioning, each behind its patch so that histories written before
-# replay as they ran: the capacity wait (and the job's clock on the block steps, the launch
-# budget), and the per-offering record of every attempt.
+# New commands in a job's run, each behind its patch so that histories written before replay
+# as they ran: the capacity wait (and the job's clock on the block steps, the launch budget),
+# the per-offering record of every attempt, and the fixes below.
 CAPACITY_WAIT = "capacity-wait"
 ATTEMPT_RECORDS = "attempt-records"
 # A job that ends before it handed out work gives up its work rows anyway (workflows/job.py).
