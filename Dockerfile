@@ -21,10 +21,12 @@ COPY activities ./activities
 COPY providers ./providers
 RUN pip install --no-cache-dir -c constraints.txt .
 
-# A fixed, unprivileged user; .data is the default data dir: the SQLite database (unused with
-# PostgreSQL) and an SSH client key the worker generates when [ssh] configures none.
+# A fixed, unprivileged user; /app/.data is the data dir: the SQLite database (unused with
+# PostgreSQL) and an SSH client key the worker generates when [ssh] configures none. Named in the
+# environment: a config file's relative data_dir would be relative to the file (a secret mount).
 RUN useradd --system --uid 10001 --user-group --home-dir /app --no-create-home gpuprov \
     && mkdir /app/.data && chown gpuprov:gpuprov /app/.data
+ENV GPUPROV_TEMPORAL__DATA_DIR=/app/.data
 USER gpuprov
 
 # 8080: the control-plane API (gpuprov api). 9464: the worker's Prometheus metrics.

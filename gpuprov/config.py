@@ -1,9 +1,10 @@
 """Settings: one `gpuprov.toml` (path by flag or GPUPROV_CONFIG) plus environment overrides.
 
 Sections: `[temporal]`, `[database]`, `[api]`, `[jobs]`, `[metrics]`, `[reconcile]`, `[workers]`,
-`[codec]`, `[ssh]`, `[providers.<id>]`. Any setting can be overridden by an environment variable
-named after its path with double underscores, e.g. `GPUPROV_TEMPORAL__ADDRESS=temporal:7233`,
-`GPUPROV_METRICS__BIND=0.0.0.0:9464` or `GPUPROV_CODEC__KEYS='{k1 = "<base64>"}'`.
+`[codec]`, `[ssh]`, `[secrets]`, `[providers.<id>]`. Any setting can be overridden by an
+environment variable named after its path with double underscores, e.g.
+`GPUPROV_TEMPORAL__ADDRESS=temporal:7233`, `GPUPROV_METRICS__BIND=0.0.0.0:9464` or
+`GPUPROV_CODEC__KEYS='{k1 = "<base64>"}'`.
 Arrays and inline tables are read as TOML literals; every other value is text that the setting's
 type converts (numbers, booleans), so a numeric-looking string setting stays a string.
 """
@@ -53,6 +54,7 @@ from providers.settings import ProviderSettings
 
 ENV_PREFIX = "GPUPROV_"
 CONFIG_ENV = "GPUPROV_CONFIG"
+API_KEY_ENV = "GPUPROV_API_KEY"  # [client] api_key, where GPUPROV_CLIENT__API_KEY is not set
 MAX_CONFIG_FILE_BYTES = 1024 * 1024  # a config is a few KiB; `--config /dev/zero` must end
 
 # Durations end up in timedeltas, database timestamps and Temporal timers: bounded well inside
@@ -121,7 +123,10 @@ class TemporalSettings(Model):
     api_key: SecretStr | None = None
     api_key_file: str | None = None
     ui_port: Port = 8233  # the dev server's Web UI (gpuprov dev / demo)
-    data_dir: str = Field(default=".data", min_length=1)  # the dev server's SQLite file lives here
+    # The dev server's SQLite file and the default database live here. ".data" (relative to the
+    # current directory) only for settings built in code: load_settings always fills it in
+    # (relative to the config file, or a per-user directory; see the module docstring).
+    data_dir: str = Field(default=".data", min_length=1)
     # Worker slots. A waiting job holds an activity slot for its whole boot (wait_running), so
     # max_concurrent_activities bounds the jobs one worker can have booting at once.
     max_concurrent_activities: int = Field(default=500, ge=1, le=100_000)
@@ -231,6 +236,21 @@ class ApiSettings(Model):
         return self.public_url or f"{scheme}://{self.host}:{self.port}"
 
 
+class ClientSettings(Model):
+    """How the user commands (`gpuprov logs`, `cost`, `workers`, `orphans`) reach the
+    control-plane API (`[client]`; gpuprov/sdk/api_client.py). With an `api_key` they read over
+    the API and never open the database, so a user needs no database credentials; without one
+    they read the database directly (the embedded default, or an operator on the box)."""
+
+    # The API's URL; None: `[api]`'s own (`public_url`, else http(s)://host:port).
+    api_url: Annotated[str | None, AfterValidator(_check_public_url)] = None
+    # An operator API key (`gpuprov apikey create`): GPUPROV_CLIENT__API_KEY or GPUPROV_API_KEY.
+    api_key: SecretStr | None = None
+    # The CA (PEM) the API's certificate chains to, for https; None: `[api] ca_file`, else the
+    # system's CAs.
+    ca_file: str | None = None
+
+
 class JobsSettings(Model):
     """How long shared state lives, and how a job's work is stopped and its output kept."""
 
@@ -249,6 +269,9 @@ class JobsSettings(Model):
     offer_stats_retention_days: int = Field(default=14, ge=1, le=3650)
     offer_stats_per_offering: int = Field(default=500, ge=1, le=100_000)
     join_token_ttl_seconds: int = Field(default=3600, ge=1, le=MAX_JOIN_TOKEN_TTL_SECONDS)
+    # A job whose team has a monthly budget reads the team's spend this often while it holds
+    # machines (past the budget: released or warned, by the team's on_exceed).
+    budget_check_seconds: int = Field(default=300, ge=1, le=MAX_TTL_SECONDS)
     # The output a job keeps (gpuprov logs): past it, its oldest output is dropped.
     log_cap_bytes: int = Field(default=16 * 1024 * 1024, ge=1024, le=1024**4)
     # A stopped node's work gets SIGTERM, then this long, then SIGKILL. A job waits 90 s for
@@ -390,6 +413,38 @@ class CodecSettings(Model):
         }
 
 
+class SecretsSettings(Model):
+    """The vault's keys (gpuprov/store/secrets.py): `keys` maps a key id to base64 of 32 random
+    bytes, `active_key` names the one new values are encrypted with. Without an active key,
+    `gpuprov secret set` is refused; keep old keys listed after a rotation (each stored value
+    names its key). Only the API holds them: it stores what `secret set` sends and hands the
+    values to the nodes with their work. `GPUPROV_SECRETS__KEYS='{k1 = "<base64>"}'` and
+    `GPUPROV_SECRETS__ACTIVE_KEY=k1` set them from the environment."""
+
+    keys: dict[str, EncryptionKey] = Field(default_factory=dict)
+    active_key: str | None = None
+
+    @model_validator(mode="after")
+    def _active_key_is_a_key(self) -> SecretsSettings:
+        for key_id in self.keys:
+            if not _KEY_ID.fullmatch(key_id):
+                raise ValueError(
+                    f"keys: key id {key_id!r} must be 1-64 letters, digits, '.', '_' or '-'"
+                )
+        if self.active_key is not None and self.active_key not in self.keys:
+            known = ", ".join(sorted(self.keys)) or "none"
+            raise ValueError(
+                f"active_key {self.active_key!r} is not one of the keys (configured: {known})"
+            )
+        return self
+
+    def key_bytes(self) -> dict[str, bytes]:
+        return {
+            key_id: base64.b64decode(key.get_secret_value().strip())
+            for key_id, key in self.keys.items()
+        }
+
+
 class SshSettings(Model):
     """The deployment's SSH client key: what every worker logs in to nodes with over SSH
     (bootstrap, k3s, health probes; activities/ssh_keys.py).
@@ -456,17 +511,49 @@ class Settings(Model):
     temporal: TemporalSettings = Field(default_factory=TemporalSettings)
     database: DatabaseSettings = Field(default_factory=DatabaseSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
+    client: ClientSettings = Field(default_factory=ClientSettings)
     jobs: JobsSettings = Field(default_factory=JobsSettings)
     metrics: MetricsSettings = Field(default_factory=MetricsSettings)
     reconcile: ReconcileSettings = Field(default_factory=ReconcileSettings)
     workers: WorkersSettings = Field(default_factory=WorkersSettings)
     codec: CodecSettings = Field(default_factory=CodecSettings)
     ssh: SshSettings = Field(default_factory=SshSettings)
+    secrets: SecretsSettings = Field(default_factory=SecretsSettings)
     providers: ProvidersSettings = Field(default_factory=ProvidersSettings)
 
     @property
     def database_url(self) -> str:
         return self.database.url or f"sqlite:///{self.temporal.data_dir}/gpuprov.db"
+
+    @property
+    def client_api_url(self) -> str:
+        """Where the user commands reach the API: `[client] api_url`, else `[api]`'s URL."""
+        return self.client.api_url or self.api.url
+
+    @property
+    def client_ca_file(self) -> str | None:
+        return self.client.ca_file if self.client.ca_file is not None else self.api.ca_file
+
+
+def default_data_dir(env: Mapping[str, str]) -> str:
+    """The per-user data directory: $XDG_DATA_HOME/gpuprov, else ~/.local/share/gpuprov
+    (the XDG Base Directory specification's default)."""
+    base = env.get("XDG_DATA_HOME")
+    if base and Path(base).is_absolute():  # the spec says a relative one is to be ignored
+        return str(Path(base) / "gpuprov")
+    home = env.get("HOME")
+    root = Path(home) if home else Path.home()
+    return str(root / ".local" / "share" / "gpuprov")
+
+
+def _data_dir_from_file(data: dict[str, Any], path: Path) -> None:
+    """A relative `[temporal] data_dir` written in the file is relative to the file."""
+    temporal = data.get("temporal")
+    if not isinstance(temporal, dict) or not isinstance(temporal.get("data_dir"), str):
+        return
+    data_dir = Path(temporal["data_dir"]).expanduser()
+    if temporal["data_dir"] and not data_dir.is_absolute():
+        temporal["data_dir"] = str(path.resolve().parent / data_dir)
 
 
 def _parse_env_value(raw: str) -> Any:
@@ -515,7 +602,15 @@ def load_settings(path: str | Path | None = None, env: Mapping[str, str] | None 
             raise ConfigError(f"malformed config {path}: nested too deeply") from None
         except ValueError as error:  # e.g. an integer past Python's digit limit
             raise ConfigError(f"malformed config {path}: {error}") from None
+        _data_dir_from_file(data, Path(path))
+    if env.get(API_KEY_ENV):
+        client = data.setdefault("client", {})
+        if isinstance(client, dict):
+            client["api_key"] = env[API_KEY_ENV]
     _apply_env(data, env)
+    temporal = data.setdefault("temporal", {})
+    if isinstance(temporal, dict) and "data_dir" not in temporal:
+        temporal["data_dir"] = default_data_dir(env)
     try:
         return Settings.model_validate(data)
     except ValidationError as error:

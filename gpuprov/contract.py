@@ -39,8 +39,9 @@ STATE = SearchAttributeKey.for_keyword("GpuprovState")
 PROVIDER = SearchAttributeKey.for_keyword("GpuprovProvider")
 REGION = SearchAttributeKey.for_keyword("GpuprovRegion")
 GPU = SearchAttributeKey.for_keyword("GpuprovGpu")
+TEAM = SearchAttributeKey.for_keyword("GpuprovTeam")
 
-SEARCH_ATTRIBUTES: tuple[SearchAttributeKey[str], ...] = (STATE, PROVIDER, REGION, GPU)
+SEARCH_ATTRIBUTES: tuple[SearchAttributeKey[str], ...] = (STATE, PROVIDER, REGION, GPU, TEAM)
 
 
 def dev_server_args() -> list[str]:

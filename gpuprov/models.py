@@ -135,6 +135,12 @@ class Recovery(Model):
 
 
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+# A team's name, as a job spec and an API key name it.
+TEAM_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
+DEFAULT_TEAM = "default"
+# A secret's name in the vault, and how a spec's `env` refers to one: `${{ secrets.NAME }}`.
+SECRET_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+SECRET_REFERENCE = re.compile(r"\$\{\{\s*secrets\.([A-Za-z_][A-Za-z0-9_]{0,127})\s*\}\}")
 RESERVED_ENV_PREFIX = "GPUPROV_"
 MAX_SCRIPT_CHARS = 64 * 1024
 
@@ -147,6 +153,8 @@ class JobSpec(Model):
     """
 
     name: str = Field(pattern=JOB_NAME_PATTERN)  # workflow id is job-<name>
+    # Whose job it is: its budget binds it, its keys may see and act on it.
+    team: str = Field(default=DEFAULT_TEAM, pattern=TEAM_NAME_PATTERN)
     nodes: int = Field(default=1, ge=1, le=256)
     resources: Resources = Field(default_factory=Resources)
     placement: Placement = Field(default_factory=Placement)
@@ -187,7 +195,16 @@ class JobSpec(Model):
                 raise ValueError(f"{name}: names starting with {RESERVED_ENV_PREFIX} are gpuprov's")
             if len(value) > 4096 or "\x00" in value:
                 raise ValueError(f"{name}: a value is at most 4096 characters, without NUL")
+            if "${{" in SECRET_REFERENCE.sub("", value):
+                raise ValueError(
+                    f"{name}: a malformed secret reference; write ${{{{ secrets.NAME }}}}"
+                )
         return env
+
+    def secret_references(self) -> dict[str, list[str]]:
+        """The secrets each `env` entry refers to, by variable name (those that refer to any)."""
+        found = {name: SECRET_REFERENCE.findall(value) for name, value in self.env.items()}
+        return {name: secrets for name, secrets in sorted(found.items()) if secrets}
 
     @field_validator("ports")
     @classmethod
@@ -634,6 +651,7 @@ class JobStatus(Model):
     """Everything the status query answers: where the job is, what it tried, what it holds."""
 
     name: str
+    team: str | None = None  # the spec's team, once accepted
     # The run of the name (gpuprov/store/runs.py): every row this run wrote carries it, and
     # `gpuprov status|logs|cost NAME --run RUN` shows an earlier run by it.
     run: str | None = None
@@ -659,6 +677,8 @@ class JobStatus(Model):
     # Why a job that ended without failing ended: its work ended everywhere, `release`,
     # `max_runtime_seconds` (with when it was reached), a cancel.
     ended_because: str | None = None
+    # What the job was allowed on despite: its team past its monthly budget (on_exceed: warn).
+    warnings: list[str] = Field(default_factory=list)
 
     @property
     def workflow_id(self) -> str:
@@ -666,3 +686,27 @@ class JobStatus(Model):
 
     def live_nodes(self) -> list[NodeInstance]:
         return [node for node in self.nodes if node.status in ("requested", "running", "kept")]
+
+
+class TeamSpend(Model):
+    """A team's month so far, against its budget."""
+
+    team: str
+    month_start: datetime
+    spent_usd: float  # actuals of machines gone this month, plus what held ones accrued
+    accruing_usd_per_hour: float  # the held machines' quotes together
+    other_currencies: dict[str, float]  # spent in quotes gpuprov does not convert
+    gpus_held: int
+    monthly_budget_usd: float | None
+    max_gpus: int | None
+    on_exceed: str
+
+    @property
+    def left_usd(self) -> float | None:
+        if self.monthly_budget_usd is None:
+            return None
+        return self.monthly_budget_usd - self.spent_usd
+
+    @property
+    def gpus_free(self) -> int | None:
+        return None if self.max_gpus is None else self.max_gpus - self.gpus_held

@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 
 from gpuprov.api.app import create_app
 from gpuprov.cli import main as cli
-from gpuprov.config import CONFIG_ENV, ENV_PREFIX, Settings, TemporalSettings, load_settings
+from gpuprov.config import CONFIG_ENV, ENV_PREFIX, Settings, load_settings
 
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
@@ -366,10 +366,12 @@ def test_postgres_keeps_its_data_in_a_declared_volume() -> None:
 
 
 def test_the_worker_keeps_its_data_dir_where_the_image_puts_it() -> None:
-    """A generated SSH client key survives a re-created worker container (the default
-    data_dir, .data under the image's WORKDIR /app, created for the image's user)."""
+    """A generated SSH client key survives a re-created worker container (the data_dir the
+    image names, /app/.data, created for the image's user; a config file cannot move it)."""
     mounts = {str(m).split(":")[1]: str(m).split(":")[0] for m in SERVICES["worker"]["volumes"]}
     assert mounts["/app/.data"] in set(COMPOSE.get("volumes") or {})
     dockerfile = (REPO / "Dockerfile").read_text()
     assert "WORKDIR /app" in dockerfile and "mkdir /app/.data" in dockerfile
-    assert TemporalSettings().data_dir == ".data"
+    assert "ENV GPUPROV_TEMPORAL__DATA_DIR=/app/.data" in dockerfile
+    for service in SERVICES.values():  # nothing in compose overrides it
+        assert "GPUPROV_TEMPORAL__DATA_DIR" not in (service.get("environment") or {})

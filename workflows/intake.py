@@ -19,6 +19,7 @@ from temporalio.api.common.v1 import Payload
 from temporalio.common import RawValue
 from temporalio.converter import PayloadConverter
 
+from activities.teams import Admission
 from gpuprov.models import (
     JobSpec,
     JobSpecError,
@@ -46,6 +47,7 @@ class JobCarry(Model):
     capabilities: dict[str, Capabilities] = Field(default_factory=dict)
     epoch: int = Field(default=0, ge=0)  # the run's current epoch (restarts so far)
     release_requested: bool = False
+    admission: Admission | None = None  # by the job's team (activities/teams.py)
 
 
 def accept_carry(raw: RawValue, workflow_id: str, converter: PayloadConverter) -> JobCarry:

@@ -2,8 +2,11 @@
 
 1. accept: the input is a valid job spec whose name matches the workflow id (job-<name>), or
    the workflow fails at once naming the field, before any side effect (workflows/intake.py);
-2. existing workers: one local activity reads the providers' capabilities and the shared blocks
-   and reserves idle, compatible existing workers for every node (all or none);
+2. admission and existing workers: one local activity admits the job by its team (refused,
+   naming why: an unknown team, an unknown secret in `env`, the team's GPU limit; it answers
+   what is left of the team's monthly budget, which every offer is held against:
+   workflows/budget.py), reads the providers' capabilities and the shared blocks and reserves
+   idle, compatible existing workers for every node (all or none);
 3. provision, when it got none (workflows/provisioning.py): plan, rank, try offers as saga
    attempts within `provisioning_timeout_seconds`, failing over per gpuprov/policy.py;
 4. placed: the k3s profile where the spec asks for it; the job's workers busy, its VM rows
@@ -13,7 +16,9 @@
    meanwhile blocks its offer, tears the attempt down and places the job again, up to
    `recovery.max_restarts`. Either way the job wakes on `workers_changed` (a signal that only
    says "look again": it then reads the database), on its health-check interval and on
-   `max_runtime_seconds`; a long-lived job continues as new before its history grows large;
+   `max_runtime_seconds`, and under a budget on its team's spend check (past the budget:
+   released, or warned, by the team's `on_exceed`); a long-lived job continues as new before
+   its history grows large;
 6. release: stop the work, terminate and confirm gone (or keep); workers revoked, existing ones
    freed.
 Cancellation at any moment still unwinds. State changes, attempts, failovers and time to ready
@@ -32,6 +37,7 @@ from temporalio.common import RawValue
 from temporalio.exceptions import ApplicationError
 
 with workflow.unsafe.imports_passed_through():
+    import workflows.budget as budget
     import workflows.metrics as metrics
     import workflows.profile as profile
     import workflows.report as report
@@ -48,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
         StoreActivities,
         VmStatusInput,
     )
+    from activities.teams import Admission, AdmitInput, SpendInput, TeamActivities
     from activities.work import AssignInput, EpochInput, WorkActivities
     from gpuprov import contract
     from gpuprov.contract import HealthInput, vm_run_tag
@@ -119,6 +126,8 @@ class ProvisionJob:
         self._epoch = 0  # the run's restarts so far: each epoch's work rows are its own
         self._next_check: datetime | None = None
         self._work_assigned = False  # this run handed the current epoch's work to the nodes
+        self._admission: Admission | None = None  # by the job's team, at its first placement
+        self._next_budget_check: datetime | None = None
 
     @workflow.query(name=contract.JOB_STATUS)
     def status(self) -> JobStatus:
@@ -142,6 +151,8 @@ class ProvisionJob:
         self._changes = ProvisioningChanges.decide()
         if self._provisioning is not None:  # a continued run's, made by _accept
             self._provisioning.changes = self._changes
+        if carry is None and self._changes.teams:
+            self._tag_team()
         try:
             if carry is None:
                 await self._place()
@@ -190,6 +201,7 @@ class ProvisionJob:
                 str(invalid), type="InvalidJobSpec", non_retryable=True
             ) from None
         self._complete_start_attributes()
+        self._status.team = self._spec.team
         metrics.job_state(JobState.QUEUED)
         return None
 
@@ -206,11 +218,18 @@ class ProvisionJob:
         if missing:
             workflow.upsert_search_attributes(missing)
 
+    def _tag_team(self) -> None:
+        """`GpuprovTeam`, set by `GpuprovClient.submit` at start; a job started another way
+        gets it here, so that the temporal CLI and UI can filter every job by its team."""
+        if workflow.info().typed_search_attributes.get(contract.TEAM) is None:
+            workflow.upsert_search_attributes([contract.TEAM.value_set(self._spec.team)])
+
     def _resume(self, carry: JobCarry) -> None:
         """A continued run takes over its predecessor's state; the machines it holds get their
         teardown pushed again (in node order, so the unwind runs as it would have)."""
         self._spec, self._status, self._epoch = carry.spec, carry.status, carry.epoch
         self._capabilities = carry.capabilities
+        self._admission = carry.admission
         self._release_requested = self._release_requested or carry.release_requested
         for node in self._status.live_nodes():
             if node.status != "kept":
@@ -223,6 +242,7 @@ class ProvisionJob:
                 self._waiting,
                 self._record_leak,
                 stack=self._stack,
+                admission=carry.admission,
             )
 
     def _push_retire(self, node: NodeInstance) -> None:
@@ -270,10 +290,25 @@ class ProvisionJob:
         self._waiting(
             "offers (the k3s profile provisions)" if k3s else "an idle, compatible existing worker"
         )
+        admit = None
+        if self._changes.teams and self._admission is None:
+            admit = AdmitInput(
+                team=self._spec.team,
+                job=self._spec.name,
+                run=self._run,
+                nodes=self._spec.nodes,
+                gpus_per_node=self._spec.resources.gpus_per_node if self._spec.resources.gpu else 0,
+                now=workflow.now(),
+                secrets=self._spec.secret_references(),
+            )
         context = await run_step(
             JobContextActivities.job_context,
-            ContextInput(reserve=reserve, job=self._spec.name, run=self._run),
+            ContextInput(reserve=reserve, job=self._spec.name, run=self._run, admit=admit),
         )
+        if context.admission is not None:
+            if context.admission.refused is not None:
+                raise JobFailed(context.admission.refused)
+            self._admission = context.admission
         self._status.existing_workers = context.reserved  # freed by _free_workers at any ending
         self._capabilities = context.capabilities
         self._prefetched_blocks = context.blocks
@@ -288,6 +323,7 @@ class ProvisionJob:
             self._record_leak,
             prefetched_blocks=self._prefetched_blocks,
             changes=self._changes,
+            admission=self._admission,
         )
         self._prefetched_blocks = None
         try:
@@ -423,6 +459,8 @@ class ProvisionJob:
         if self._release_requested:
             self._status.ended_because = self._status.ended_because or RELEASED
             return True
+        if await self._past_budget():
+            return True
         limit = self._spec.max_runtime_seconds
         ready_at = self._status.ready_at
         if limit and ready_at and workflow.now() >= ready_at + timedelta(seconds=limit):
@@ -434,9 +472,43 @@ class ProvisionJob:
             return True
         return False
 
+    def _budget_checked(self) -> bool:
+        """The job reads its team's spend while it holds machines: its team has a budget."""
+        admission = self._admission
+        return admission is not None and admission.monthly_budget_usd is not None
+
+    async def _past_budget(self) -> bool:
+        """When the spend check is due: True when the team is past its monthly budget and its
+        `on_exceed` releases the job (it says why); past it with `warn`, a warning, once."""
+        due = self._next_budget_check
+        if not self._budget_checked() or due is None or workflow.now() < due:
+            return False
+        admission = self._admission
+        assert admission is not None
+        spend = await run_step(
+            TeamActivities.team_spend, SpendInput(team=admission.team, now=workflow.now())
+        )
+        self._next_budget_check = workflow.now() + timedelta(seconds=admission.check_seconds)
+        if not budget.over_budget(spend):
+            return False
+        message = budget.exceeded_message(spend)
+        if spend.on_exceed == "release":
+            self._status.ended_because = f"released: {message}"
+            self._waiting(f"release: {message}")
+            return True
+        if not any(warning.startswith(message.split(":")[0]) for warning in self._status.warnings):
+            self._status.warnings.append(f"{message}; allowed on")
+            self._publish_details()
+        return False
+
     def _until_next_wake(self) -> float | None:
         now = workflow.now()
         wakes = []
+        if self._budget_checked():
+            assert self._admission is not None
+            if self._next_budget_check is None:
+                self._next_budget_check = now + timedelta(seconds=self._admission.check_seconds)
+            wakes.append(self._next_budget_check)
         interval = self._spec.health_check_interval_seconds
         if interval and (self._placed_machines() or self._spec.run is not None):
             if self._next_check is None:
@@ -532,6 +604,7 @@ class ProvisionJob:
                 capabilities=self._capabilities,
                 epoch=self._epoch,
                 release_requested=self._release_requested,
+                admission=self._admission,
             )
         )
 

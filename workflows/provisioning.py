@@ -41,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         LaunchInput,
         StoreActivities,
     )
+    from activities.teams import Admission
     from gpuprov import contract
     from gpuprov.contract import vm_run_tag
     from gpuprov.models import (
@@ -57,7 +58,7 @@ with workflow.unsafe.imports_passed_through():
         offering_of,
     )
     from providers.base import Capabilities, Offer
-    from workflows import capacity_wait
+    from workflows import budget, capacity_wait
     from workflows.attempt import AttemptSaga
     from workflows.compensation import (
         Compensation,
@@ -81,6 +82,8 @@ ABANDON_STRAY_WORK = "abandon-stray-work"
 UNWIND_WINNER_AT_DEADLINE = "unwind-winner-at-deadline"
 # Work is handed to the nodes by an activity task, never by a local activity (workflows/job.py).
 ASSIGN_WORK_AS_TASK = "assign-work-as-task"
+# A job is admitted by its team, tagged GpuprovTeam, held to its team's budget (workflows/job.py).
+TEAMS = "teams"
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,7 @@ class ProvisioningChanges:
     abandon_stray_work: bool = False
     unwind_winner_at_deadline: bool = False
     assign_work_as_task: bool = False
+    teams: bool = False
 
     @classmethod
     def decide(cls) -> ProvisioningChanges:
@@ -107,6 +111,7 @@ class ProvisioningChanges:
             abandon_stray_work=workflow.patched(ABANDON_STRAY_WORK),
             unwind_winner_at_deadline=workflow.patched(UNWIND_WINNER_AT_DEADLINE),
             assign_work_as_task=workflow.patched(ASSIGN_WORK_AS_TASK),
+            teams=workflow.patched(TEAMS),
         )
 
 
@@ -121,6 +126,8 @@ class Provisioning:
     prefetched_blocks: list[Block] | None = None
     stack: CompensationStack = field(default_factory=CompensationStack)
     changes: ProvisioningChanges = field(default_factory=ProvisioningChanges)
+    # What the job's team left it of its monthly budget: every offer is held against it.
+    admission: Admission | None = None
     # From the spec and the run's changes: wait for capacity, record attempts.
     waits: bool = False
     records: bool = False
@@ -303,6 +310,17 @@ class Provisioning:
         offers = [offer for result in results for offer in result]
         ranked, rejected = rank_offers(offers, self.spec.nodes, self.spec.max_hourly_cost)
         self.status.rejected_offers += rejected
+        if self.admission is not None and self.admission.left_usd is not None:
+            within = []
+            for offer in ranked:
+                reason = budget.budget_reason(offer, self.spec, self.admission)
+                if reason is None:
+                    within.append(offer)
+                else:
+                    self.status.rejected_offers.append(f"{offer.id}: {reason}")
+            if ranked and not within:
+                raise JobFailed(budget.refused_message(self.admission, self.spec, ranked))
+            ranked = within
         if self._needs_stats() and ranked:
             found = await run_step(
                 OfferStatsActivities.offer_stats,

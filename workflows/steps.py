@@ -32,6 +32,7 @@ with workflow.unsafe.imports_passed_through():
     from activities.reconcile import ReconcileActivities
     from activities.registrations import RegistrationActivities
     from activities.store import StoreActivities
+    from activities.teams import TeamActivities
     from activities.work import WorkActivities
     from gpuprov import policy
     from gpuprov.policy import Stage
@@ -98,6 +99,7 @@ def _cloud_call(stage: Stage, timeout: timedelta = CLOUD_STEP, **options: Any) -
 STEPS: dict[Callable[..., Any], Step] = {
     # what a job reads first, and the shared records
     JobContextActivities.job_context: _bookkeeping(),
+    TeamActivities.team_spend: _bookkeeping(),
     CloudActivities.describe_providers: _bookkeeping(policy.FORWARD_RETRY),
     CloudActivities.skipped_providers: _bookkeeping(policy.FORWARD_RETRY),
     StoreActivities.active_blocks: _bookkeeping(),

@@ -1,12 +1,15 @@
 """The control-plane HTTP API: nodes register here with their single-use join token.
 
     POST /v1/workers/register  {token, capabilities, identity?}   the join token in the body
-    GET  /v1/workers, drain, undrain, remove                      an operator API key
+    GET  /v1/workers; drain, undrain, remove                      a viewer (its team's); admins
     GET  /v1/workers/me, POST /v1/workers/heartbeat               the worker's credential
     GET  /v1/work, POST /v1/work/{id}/started|exit|logs           the worker's credential
-    GET  /v1/jobs/{job}/logs                                      an operator API key
-    GET  /v1/cost[?job=NAME]                                      an operator API key
-    GET  /v1/offers/stats[?offering=KEY]                          an operator API key
+    GET  /v1/jobs/{job}/logs                                      a viewer of the job's team
+    GET  /v1/cost[?job=NAME&team=T]                               a viewer of the team
+    GET  /v1/offers/stats[?offering=KEY]                          any operator API key
+    GET  /v1/teams, /v1/teams/{team}                              a viewer of the team
+    GET, PUT, DELETE /v1/secrets[/{name}]                         a viewer; a member to change
+    GET  /v1/orphans[?all=true]                                   an admin's API key
     GET  /v1/health                                               open
     GET  /v1/node/agent.pyz                                       open (no secret in it)
 
@@ -14,7 +17,8 @@ Who may call what is declared per endpoint with gpuprov/api/auth.py's dependenci
 endpoints live in gpuprov/api/workers.py, the work and log ones in gpuprov/api/work.py. A
 registration answers the worker's credential once (only its SHA-256 is stored): the node
 presents it on every later call. The cost endpoint lives in gpuprov/api/cost.py, the offer
-statistics in gpuprov/api/offers.py.
+statistics in gpuprov/api/offers.py, teams in gpuprov/api/teams.py, the secrets vault in
+gpuprov/api/secrets.py; which team a job or worker belongs to, gpuprov/api/scope.py.
 
 The token is checked by its SHA-256 (unknown, used and expired tokens are 401), used once, and
 bound to one VM row (a managed node) or one reservation label (an existing worker). Identity —
@@ -57,16 +61,22 @@ from gpuprov.api import auth
 from gpuprov.api import cost as api_cost
 from gpuprov.api import node as api_node
 from gpuprov.api import offers as api_offers
+from gpuprov.api import orphans as api_orphans
+from gpuprov.api import secrets as api_secrets
+from gpuprov.api import teams as api_teams
 from gpuprov.api import work as api_work
 from gpuprov.api import workers as api_workers
 from gpuprov.api.auth import AuthFailures
 from gpuprov.api.work import TemporalSource
+from gpuprov.api.work_secrets import WorkSecrets
 from gpuprov.config import ConfigError, JobsSettings, WorkersSettings
 from gpuprov.models import WorkerCapabilities
 from gpuprov.sdk import pem
 from gpuprov.store.credentials import Credentials, issue_worker_credential
 from gpuprov.store.liveness import Liveness
 from gpuprov.store.records import Records, TokenRejected
+from gpuprov.store.secrets import Vault
+from gpuprov.store.teams import Teams
 from providers.base import Model
 
 log = logging.getLogger(__name__)
@@ -201,9 +211,11 @@ def create_app(
     workers: WorkersSettings | None = None,
     jobs: JobsSettings | None = None,
     temporal: TemporalSource = None,
+    vault: Vault | None = None,
 ) -> FastAPI:
     """The API over `records`. `temporal` (a client, or how to connect when first needed) lets
-    a node's report wake its job at once; without it the liveness sweep does."""
+    a node's report wake its job at once; without it the liveness sweep does. `vault` holds the
+    secrets' keys (none: no secret can be stored, and a stored one cannot be handed out)."""
     # No /docs, /redoc or /openapi.json: nothing but health is served to an unauthenticated
     # caller. `create_app(...).openapi()` still builds the document.
     app = FastAPI(
@@ -215,12 +227,21 @@ def create_app(
     app.state.records = records
     auth.install(app, Credentials(records.db) if records is not None else None, auth_failures)
     app.state.liveness = Liveness(records.db) if records is not None else None
+    if records is not None:
+        app.state.teams = Teams(records.db)
+        app.state.vault = vault or Vault(records.db, {}, None)
+        app.state.work_secrets = WorkSecrets(app.state.vault, app.state.teams)
+    else:
+        app.state.teams = app.state.vault = app.state.work_secrets = None
     jobs = jobs or JobsSettings()
     app.state.waker = api_work.JobWaker(app.state.liveness, temporal)
     api_workers.add_routes(app, workers or WorkersSettings(), jobs)
     api_work.add_routes(app, jobs)
     api_cost.add_routes(app)
+    api_orphans.add_routes(app)
     api_offers.add_routes(app, jobs)
+    api_teams.add_routes(app)
+    api_secrets.add_routes(app)
     api_node.add_routes(app)
 
     @app.exception_handler(RequestValidationError)

@@ -1,9 +1,19 @@
 """Who may call the control-plane API: FastAPI dependencies that every endpoint declares.
 
     Depends(require_operator)   an operator API key:       Authorization: Bearer gpo_...
+    Depends(require_viewer)     an operator key of any role: reads its own team's
+    Depends(require_member)     a member's or an admin's key: acts on its own team's jobs
+    Depends(require_admin)      an admin's key: everything, every team
     Depends(require_worker)     a registered worker's credential: Authorization: Bearer gpw_...
     Depends(guard)              for endpoints that check a secret themselves (registration's
                                 join token): `Guard.refused(secret, detail)` on a bad one
+
+Every operator route declares its role with one of the three role dependencies (the route x
+role table in tests/gpuprov/test_roles.py walks them all): a key below the role is 403 and
+changes nothing. A route about one team's things (a job's logs and cost, a worker of a job, a
+team's secrets) also checks the team: `Caller.reads(team)` and `Caller.acts_on(team)`, 403
+naming both teams when the key's team is another. An admin key belongs to no team and reaches
+every one; a member's or viewer's belongs to exactly one.
 
 Only /v1/health is open. A refused secret is 401 with `WWW-Authenticate: Bearer`, and the
 lookup only reads, so a refused call changes nothing in the database.
@@ -39,7 +49,8 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from gpuprov.store.credentials import Credentials
-from gpuprov.store.db import OperatorKey, WorkerRecord
+from gpuprov.store.db import ROLES, OperatorKey, WorkerRecord
+from providers.base import Model
 
 # An address (or one secret) may be refused this many times within the window; the next
 # refusal is 429. A valid secret is never refused, so this never holds one up.
@@ -55,6 +66,12 @@ REFUSALS: dict[int | str, dict[str, Any]] = {
         "often lately; see Retry-After. A valid one is never throttled"
     },
 }
+
+# What a route that checks the caller's role (and team) documents besides REFUSALS.
+FORBIDDEN: dict[int | str, dict[str, Any]] = {
+    403: {"description": "the key's role, or its team, does not allow this"},
+}
+ROLE_REFUSALS: dict[int | str, dict[str, Any]] = {**REFUSALS, **FORBIDDEN}
 
 # What the body-limit middleware answers any request that carries a body.
 BODY_REFUSALS: dict[int | str, dict[str, Any]] = {
@@ -202,3 +219,70 @@ async def require_worker(
     if worker is None:
         raise throttle.refused(bearer.credentials, "unknown or revoked worker credential")
     return worker
+
+
+# ---------------------------------------------------------------- roles and teams
+
+
+class Caller(Model):
+    """Who an operator API key is: its role (ROLES) and its team (None: an admin's, every team)."""
+
+    key_id: str
+    name: str
+    role: str
+    team: str | None
+
+    @property
+    def admin(self) -> bool:
+        return self.role == "admin"
+
+    def reads(self, team: str) -> bool:
+        """May see `team`'s jobs, workers, logs, cost and secret names."""
+        return self.admin or team == self.team
+
+    def acts_on(self, team: str) -> bool:
+        """May submit, release and cancel `team`'s jobs and set its secrets."""
+        return self.admin or (self.role == "member" and team == self.team)
+
+    def forbidden(self, team: str, what: str) -> HTTPException:
+        mine = f"team {self.team!r}" if self.team else "no team"
+        return HTTPException(403, f"this key ({self.role}, {mine}) may not {what} of team {team!r}")
+
+    def check_reads(self, team: str, what: str) -> None:
+        if not self.reads(team):
+            raise self.forbidden(team, f"read {what}")
+
+    def check_acts_on(self, team: str, what: str) -> None:
+        if not self.acts_on(team):
+            raise self.forbidden(team, f"change {what}")
+
+
+def caller_of(key: OperatorKey) -> Caller:
+    role = key.role if key.role in ROLES else "viewer"  # an unknown role is the least of them
+    return Caller(key_id=key.id, name=key.name, role=role, team=key.team)
+
+
+def _at_least(key: OperatorKey, role: str) -> Caller:
+    caller = caller_of(key)
+    if ROLES.index(caller.role) > ROLES.index(role):
+        raise HTTPException(403, f"this route needs the {role} role; this key is a {caller.role}")
+    return caller
+
+
+async def require_viewer(key: Annotated[OperatorKey, Depends(require_operator)]) -> Caller:
+    """Any live operator key: a viewer, a member or an admin."""
+    return _at_least(key, "viewer")
+
+
+async def require_member(key: Annotated[OperatorKey, Depends(require_operator)]) -> Caller:
+    """A member's or an admin's key."""
+    return _at_least(key, "member")
+
+
+async def require_admin(key: Annotated[OperatorKey, Depends(require_operator)]) -> Caller:
+    """An admin's key."""
+    return _at_least(key, "admin")
+
+
+# The role dependency of each role, for the route x role table.
+ROLE_DEPENDENCIES = {"viewer": require_viewer, "member": require_member, "admin": require_admin}

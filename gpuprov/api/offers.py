@@ -3,9 +3,10 @@
     GET /v1/offers/stats                      every offering with a kept attempt
     GET /v1/offers/stats?offering=KEY&...     the offerings named (provider/region/type[:spot])
 
-Operators only (an API key). The answer is each offering's `gpuprov.models.OfferStats` (recent
-success share, stockouts, p50/p95 seconds from create to every node ready), read from the
-database over the retention `[jobs]` sets, as `gpuprov offers` shows them beside the prices.
+Any operator key (a viewer's too): offerings belong to no team. The answer is each offering's
+`gpuprov.models.OfferStats` (recent success share, stockouts, p50/p95 seconds from create to
+every node ready), read from the database over the retention `[jobs]` sets, as `gpuprov offers`
+shows them beside the prices.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Query, Request
 from pydantic import StringConstraints
 
-from gpuprov.api.auth import REFUSALS, require_operator
+from gpuprov.api.auth import ROLE_REFUSALS, require_viewer
 from gpuprov.config import JobsSettings
 from gpuprov.models import OfferStats
 from gpuprov.store.db import utcnow
@@ -38,7 +39,7 @@ def add_routes(app: FastAPI, jobs: JobsSettings) -> None:
     retention = timedelta(days=jobs.offer_stats_retention_days)
     app.state.offer_stats_bounds = (retention, jobs.offer_stats_per_offering)
 
-    @app.get("/v1/offers/stats", dependencies=[Depends(require_operator)], responses=REFUSALS)
+    @app.get("/v1/offers/stats", dependencies=[Depends(require_viewer)], responses=ROLE_REFUSALS)
     async def offer_stats(
         offers: Annotated[OfferStatsStore, Depends(_store)],
         offering: Annotated[list[OfferingKey] | None, Query(max_length=64)] = None,

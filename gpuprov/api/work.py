@@ -8,7 +8,12 @@
     POST /v1/work/{id}/exit    {code, tail}       it ended with `code`; its last lines
     POST /v1/work/{id}/logs    {seq, stream, data} a chunk of its output, kept once per seq
     GET  /v1/jobs/{job}/logs   ?after=&node=&limit=&run= a job's output, its latest run's
-                                                    unless `run` names another (operators)
+                                                    unless `run` names another (viewers of
+                                                    its team, admins)
+
+The work's `env` holds `${{ secrets.NAME }}` references in the database; `GET /v1/work`
+answers it with the values, and each value is `***` in every output chunk and exit tail a node
+reports before it is stored (gpuprov/api/work_secrets.py).
 
 The work endpoints take the worker's credential (gpuprov/api/auth.py) and only ever read or change
 that worker's own rows: another worker's work is 404, and nothing changes. The rows and their
@@ -36,7 +41,16 @@ from pydantic import Field
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from gpuprov.api.auth import BODY_REFUSALS, REFUSALS, require_operator, require_worker
+from gpuprov.api.auth import (
+    BODY_REFUSALS,
+    REFUSALS,
+    ROLE_REFUSALS,
+    Caller,
+    require_viewer,
+    require_worker,
+)
+from gpuprov.api.scope import check_job
+from gpuprov.api.work_secrets import WorkSecrets
 from gpuprov.config import JobsSettings
 from gpuprov.models import JOB_NAME_PATTERN, WorkState
 from gpuprov.sdk.signals import tell_workers_changed
@@ -152,13 +166,13 @@ def _mine(work: WorkRecords, work_id: str, worker: WorkerRecord) -> WorkRecord:
     return row
 
 
-def assignment(row: WorkRecord, grace: float) -> WorkAssignment:
+def assignment(row: WorkRecord, grace: float, command: RunCommand | None = None) -> WorkAssignment:
     return WorkAssignment(
         id=row.id,
         job=row.job,
         epoch=row.epoch,
         rank=row.node_rank,
-        command=RunCommand.model_validate(row.command),
+        command=command or RunCommand.model_validate(row.command),
         state=WorkState(row.state),
         stop_grace_seconds=grace,
     )
@@ -170,11 +184,16 @@ def add_routes(app: FastAPI, jobs: JobsSettings) -> None:
     app.state.work = WorkRecords(database) if database is not None else None
     logs = LogRecords(database) if database is not None else None
     waker: JobWaker = app.state.waker
+    secrets: WorkSecrets = app.state.work_secrets
 
     @app.get(
         "/v1/work",
         response_model=WorkAssignment,
-        responses={**REFUSALS, 204: {"description": "no work now"}},
+        responses={
+            **REFUSALS,
+            204: {"description": "no work now"},
+            503: {"description": "its secrets cannot be read now (no key for them)"},
+        },
     )
     async def current_work(
         worker: Annotated[WorkerRecord, Depends(require_worker)],
@@ -183,7 +202,8 @@ def add_routes(app: FastAPI, jobs: JobsSettings) -> None:
         row = await asyncio.to_thread(work.for_worker, worker.id)
         if row is None:
             return Response(status_code=204)
-        return assignment(row, jobs.stop_grace_seconds)
+        # The only answer that holds secret values: the agent sets them in the work's env.
+        return assignment(row, jobs.stop_grace_seconds, await secrets.resolved(row))
 
     @app.post(
         "/v1/work/{work_id}/started",
@@ -210,8 +230,8 @@ def add_routes(app: FastAPI, jobs: JobsSettings) -> None:
         worker: Annotated[WorkerRecord, Depends(require_worker)],
         work: Annotated[WorkRecords, Depends(_work)],
     ) -> WorkReport:
-        await asyncio.to_thread(_mine, work, work_id, worker)
-        tail = clean_text(body.tail) if body.tail else None
+        row = await asyncio.to_thread(_mine, work, work_id, worker)
+        tail = await secrets.hidden(row, clean_text(body.tail)) if body.tail else None
         changed = await asyncio.to_thread(
             work.report_exit, work_id, worker.id, body.code, tail, lease_lapsed=body.lease_lapsed
         )
@@ -229,17 +249,16 @@ def add_routes(app: FastAPI, jobs: JobsSettings) -> None:
     ) -> LogStored:
         row = await asyncio.to_thread(_mine, work, work_id, worker)
         assert logs is not None  # a worker was authenticated: there is a database
+        data = await secrets.hidden(row, body.data)
         stored = await asyncio.to_thread(
-            logs.append, row, body.seq, body.stream, body.data, jobs.log_cap_bytes
+            logs.append, row, body.seq, body.stream, data, jobs.log_cap_bytes
         )
         return LogStored(stored=stored)
 
-    @app.get(
-        "/v1/jobs/{job}/logs",
-        dependencies=[Depends(require_operator)],
-        responses={**REFUSALS, **NO_SUCH_RUN},
-    )
+    @app.get("/v1/jobs/{job}/logs", responses={**ROLE_REFUSALS, **NO_SUCH_RUN})
     async def job_output(
+        request: Request,
+        caller: Annotated[Caller, Depends(require_viewer)],
         job: Annotated[str, Path(pattern=JOB_NAME_PATTERN)],
         after: Annotated[int, Query(ge=0, le=MAX_AFTER)] = 0,
         node: Annotated[int | None, Query(ge=0, le=1024)] = None,
@@ -247,6 +266,7 @@ def add_routes(app: FastAPI, jobs: JobsSettings) -> None:
         run: Annotated[str | None, Query(pattern=RUN_PATTERN)] = None,
     ) -> LogPage:
         assert logs is not None  # an operator was authenticated: there is a database
+        await check_job(request, caller, job, run)
         try:
             chosen = await asyncio.to_thread(pick_run, logs.db, job, run)
         except RunNotFound as unknown:

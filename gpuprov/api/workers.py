@@ -1,8 +1,9 @@
 """The workers as the API shows them, and their heartbeats:
 
-    GET    /v1/workers  [?state=idle&job=train-7b]  every worker (operators: an API key)
-    POST   /v1/workers/{id}/drain | /undrain        stop (resume) new reservations (operators)
-    DELETE /v1/workers/{id}                         revoke the worker and its credential (operators)
+    GET    /v1/workers  [?state=idle&job=train-7b]  every worker (admins), or those of the
+                                                    caller's team's jobs (viewers, members)
+    POST   /v1/workers/{id}/drain | /undrain        stop (resume) new reservations (admins)
+    DELETE /v1/workers/{id}                         revoke the worker and its credential (admins)
     GET    /v1/workers/me                           the calling worker (its own credential)
     POST   /v1/workers/heartbeat  {healthy, detail} the calling worker is alive (its credential)
 
@@ -32,7 +33,16 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
 from pydantic import Field, ValidationError
 
-from gpuprov.api.auth import BODY_REFUSALS, REFUSALS, require_operator, require_worker
+from gpuprov.api.auth import (
+    BODY_REFUSALS,
+    REFUSALS,
+    ROLE_REFUSALS,
+    Caller,
+    require_admin,
+    require_viewer,
+    require_worker,
+)
+from gpuprov.api.scope import check_job, worker_visible
 from gpuprov.config import JobsSettings, WorkersSettings
 from gpuprov.models import (
     NodeNotice,
@@ -160,8 +170,8 @@ def add_routes(app: FastAPI, settings: WorkersSettings, jobs: JobsSettings) -> N
 
     @app.delete(
         "/v1/workers/{worker_id}",
-        dependencies=[Depends(require_operator)],
-        responses={**REFUSALS, **NOT_FOUND},
+        dependencies=[Depends(require_admin)],
+        responses={**ROLE_REFUSALS, **NOT_FOUND},
     )
     async def remove_worker(
         worker_id: WorkerId, liveness: Annotated[Liveness, Depends(_liveness)]
@@ -174,14 +184,20 @@ def add_routes(app: FastAPI, settings: WorkersSettings, jobs: JobsSettings) -> N
     ) -> WorkerSummary:
         return summary(worker)
 
-    @app.get("/v1/workers", dependencies=[Depends(require_operator)], responses=REFUSALS)
+    @app.get("/v1/workers", responses=ROLE_REFUSALS)
     async def list_workers(
+        request: Request,
+        caller: Annotated[Caller, Depends(require_viewer)],
         records: Annotated[Records, Depends(_records)],
         state: Annotated[str | None, Query(pattern=_STATES)] = None,
         job: Annotated[str | None, Query(max_length=128)] = None,
     ) -> WorkerList:
+        """Every worker (an admin), or those of the caller's team's jobs."""
+        if job is not None and not caller.admin:
+            await check_job(request, caller, job)
         rows = await asyncio.to_thread(records.workers, state=state, job=job)
-        return WorkerList(workers=[summary(row) for row in rows])
+        visible = [row for row in rows if await worker_visible(request, caller, row)]
+        return WorkerList(workers=[summary(row) for row in visible])
 
 
 def _add_drain(app: FastAPI, action: str, draining: bool) -> None:
@@ -193,7 +209,7 @@ def _add_drain(app: FastAPI, action: str, draining: bool) -> None:
 
     app.post(
         f"/v1/workers/{{worker_id}}/{action}",
-        dependencies=[Depends(require_operator)],
-        responses={**REFUSALS, **NOT_FOUND},
+        dependencies=[Depends(require_admin)],
+        responses={**ROLE_REFUSALS, **NOT_FOUND},
         name=f"{action}_worker",
     )(set_draining)

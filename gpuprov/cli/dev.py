@@ -26,6 +26,7 @@ from gpuprov.engine.binaries import temporal_binary
 from gpuprov.engine.worker import running_worker
 from gpuprov.sdk.codec import codec_for, data_converter
 from gpuprov.store.records import Records
+from gpuprov.store.secrets import Vault
 
 
 @dataclass
@@ -105,7 +106,11 @@ async def dev_stack(
                 await stack.enter_async_context(serving(codec_app, settings.codec.host, codec_port))
             runtime = await stack.enter_async_context(running_worker(env.client, settings))
             app = create_app(
-                runtime.records, workers=settings.workers, jobs=settings.jobs, temporal=env.client
+                runtime.records,
+                workers=settings.workers,
+                jobs=settings.jobs,
+                temporal=env.client,
+                vault=Vault.configured(runtime.records.db, settings.secrets),
             )
             await stack.enter_async_context(serving(app, api.host, api.port))
             yield DevStack(

@@ -23,7 +23,9 @@ earlier one with --run (the run `gpuprov status` shows).
     gpuprov token create --label L    a single-use join token for a box you own
     gpuprov join --url U              on that box: register it as an existing worker and leave
                                       its agent running (a systemd service where it can)
-    gpuprov apikey create|list|revoke operator API keys for the control-plane API
+    gpuprov apikey create|list|revoke operator API keys for the control-plane API (a role, a team)
+    gpuprov team create|set|list      teams and their budgets (monthly spend, GPUs held at once)
+    gpuprov secret set|list|delete    the secrets vault, over the API: ${{ secrets.NAME }} in env
     gpuprov codec-server              decrypts payloads for the Temporal UI ([codec] keys)
 Connection settings come from gpuprov.toml (--config or GPUPROV_CONFIG) and the environment
 (GPUPROV_TEMPORAL__ADDRESS, default localhost:7233); --address overrides both.
@@ -56,8 +58,10 @@ from gpuprov.cli import (
     offers,
     orphans,
     schedules,
+    secrets,
     serve_api,
     setup,
+    teams,
     token,
     workers,
 )
@@ -89,6 +93,8 @@ COMMAND_GROUPS: tuple[ModuleType, ...] = (
     token,
     join,
     apikeys,  # apikey
+    teams,  # team
+    secrets,  # secret
     workers,
     codec_server,  # codec-server
 )

@@ -11,6 +11,7 @@ from gpuprov.cli.common import Commands, stop_on_signals
 from gpuprov.config import Settings
 from gpuprov.engine.worker import open_records_patiently
 from gpuprov.sdk.connection import connect_temporal
+from gpuprov.store.secrets import Vault
 
 
 def add_parser(commands: Commands) -> None:
@@ -35,6 +36,7 @@ async def _api(settings: Settings, args: argparse.Namespace) -> int:
             workers=settings.workers,
             jobs=settings.jobs,
             temporal=lambda: connect_temporal(settings.temporal, codec=settings.codec),
+            vault=Vault.configured(records.db, settings.secrets),
         )
         api = settings.api
         tls = {"tls_cert_file": api.tls_cert_file, "tls_key_file": api.tls_key_file}

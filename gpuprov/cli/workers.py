@@ -1,5 +1,4 @@
-"""`gpuprov workers`: the registered machines, read from the database, and what an operator does
-to them.
+"""`gpuprov workers`: the registered machines, and what an operator does to them.
 
     gpuprov workers [--all] [--state S] [--job J]   origin, state, liveness, last seen, health,
                                                     capabilities, job (revoked ones with --all)
@@ -8,7 +7,11 @@ to them.
     gpuprov workers remove ID                       revoke it and its credential: its job is
                                                     told, its agent stops at its next heartbeat
 
-The same as the API's operator endpoints and the SDK's `WorkersClient` (gpuprov/sdk/client.py).
+With `[client] api_key` (GPUPROV_CLIENT__API_KEY or GPUPROV_API_KEY) each goes over the
+control-plane API (`GET /v1/workers`, `POST /v1/workers/{id}/drain|undrain`,
+`DELETE /v1/workers/{id}`; gpuprov/sdk/api_client.py) and the database is never opened; without
+one the database is read and changed directly, as those endpoints do, and its schema must be at
+this gpuprov's latest migration (gpuprov/store/schema.py).
 """
 
 from __future__ import annotations
@@ -19,16 +22,21 @@ from datetime import datetime
 from gpuprov.api.workers import summary
 from gpuprov.config import ConfigError, Settings
 from gpuprov.models import WorkerSummary
-from gpuprov.store.db import WORKER_STATES, open_database, utcnow
+from gpuprov.sdk.api_client import ApiClient
+from gpuprov.store.db import WORKER_STATES, utcnow
 from gpuprov.store.liveness import Liveness
 from gpuprov.store.records import Records
+from gpuprov.store.schema import open_current
 
 
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "workers",
         help="registered machines: liveness, health, drain, remove",
-        description="List the workers (the database's view), or drain, undrain or remove one.",
+        description=(
+            "List the workers, or drain, undrain or remove one: over the control-plane API "
+            "where [client] api_key is set (GPUPROV_API_KEY), else in gpuprov's database."
+        ),
     )
     parser.add_argument("--all", action="store_true", help="revoked workers too")
     parser.add_argument("--state", choices=WORKER_STATES)
@@ -75,26 +83,57 @@ def workers_text(workers: list[WorkerSummary], now: datetime) -> str:
 
 
 async def command(settings: Settings, args: argparse.Namespace) -> int:
-    database = open_database(settings.database_url)  # one line, not a traceback, when it is out
-    try:
-        if args.workers_command is None:
-            rows = Records(database).workers(state=args.state, job=args.job)
-            if not args.all and args.state is None:
-                rows = [row for row in rows if row.state != "revoked"]
-            print(workers_text([summary(row) for row in rows], utcnow()))
-            return 0
-        liveness, worker_id = Liveness(database), args.worker_id
-        if args.workers_command == "remove":
-            row = liveness.remove(worker_id)
-            done = "removed: revoked with its credential; its agent stops at its next heartbeat"
-            if row is not None and row.job:
-                done += f"; job {row.job} is told at the next liveness sweep"
+    api = ApiClient.from_settings(settings)
+    if args.workers_command is None:
+        if api is not None:
+            async with api:
+                workers = await api.workers(state=args.state, job=args.job)
         else:
-            row = liveness.set_draining(worker_id, args.workers_command == "drain")
-            done = "draining: no new reservations" if row and row.draining else "not draining"
-        if row is None:
-            raise ConfigError(f"no worker {worker_id!r} that is not revoked")
-        print(f"worker {row.id} {done}")
+            workers = _listed(settings, args)
+        if not args.all and args.state is None:
+            workers = [worker for worker in workers if worker.state != "revoked"]
+        print(workers_text(workers, utcnow()))
         return 0
+    worker_id, draining = args.worker_id, args.workers_command == "drain"
+    if api is not None:
+        async with api:
+            if args.workers_command == "remove":
+                changed = await api.remove(worker_id)
+            else:
+                changed = await (api.drain if draining else api.undrain)(worker_id)
+    else:
+        changed = _changed(settings, args.workers_command, worker_id)
+    print(f"worker {changed.id} {_done(args.workers_command, changed)}")
+    return 0
+
+
+def _listed(settings: Settings, args: argparse.Namespace) -> list[WorkerSummary]:
+    database = open_current(settings.database_url)  # one line, not a traceback, when it is out
+    try:
+        return [summary(row) for row in Records(database).workers(state=args.state, job=args.job)]
     finally:
         database.dispose()
+
+
+def _changed(settings: Settings, action: str, worker_id: str) -> WorkerSummary:
+    database = open_current(settings.database_url)
+    try:
+        liveness = Liveness(database)
+        if action == "remove":
+            row = liveness.remove(worker_id)
+        else:
+            row = liveness.set_draining(worker_id, action == "drain")
+    finally:
+        database.dispose()
+    if row is None:
+        raise ConfigError(f"no worker {worker_id!r} that is not revoked")
+    return summary(row)
+
+
+def _done(action: str, worker: WorkerSummary) -> str:
+    if action == "remove":
+        done = "removed: revoked with its credential; its agent stops at its next heartbeat"
+        if worker.job:
+            done += f"; job {worker.job} is told at the next liveness sweep"
+        return done
+    return "draining: no new reservations" if worker.draining else "not draining"

@@ -31,6 +31,7 @@ from activities.reconcile import ReconcileActivities
 from activities.registrations import RegistrationActivities
 from activities.ssh_keys import KeyFileError, KeyStore, carry_over_pins, read_client_key
 from activities.store import StoreActivities
+from activities.teams import TeamActivities
 from activities.work import WorkActivities
 from gpuprov import metrics
 from gpuprov.config import (
@@ -49,7 +50,9 @@ from gpuprov.store.db import DatabaseUnavailable, open_database
 from gpuprov.store.fences import VmFences
 from gpuprov.store.offer_stats import OfferStatsStore
 from gpuprov.store.records import Records
+from gpuprov.store.secrets import Vault
 from gpuprov.store.ssh_records import SshRecords
+from gpuprov.store.teams import Teams
 from gpuprov.store.work import WorkRecords
 from providers import build_all
 from providers.base import CloudProvider
@@ -135,6 +138,10 @@ def build_worker(
     jobs = jobs or JobsSettings()
     token_ttl = timedelta(seconds=jobs.join_token_ttl_seconds)
     enrolment = Enrolment(records, api_url, token_ttl, api_ca_pem)
+    # The worker reads only whether a secret's name exists: it holds no vault key.
+    teams = TeamActivities(
+        Teams(records.db), Vault(records.db, {}, None), jobs.budget_check_seconds
+    )
     store = StoreActivities(
         records,
         timedelta(seconds=jobs.block_ttl_seconds),
@@ -189,7 +196,8 @@ def build_worker(
                     jobs.offer_stats_per_offering,
                 )
             ).all(),
-            *JobContextActivities(cloud, store).all(),
+            *JobContextActivities(cloud, store, teams).all(),
+            *teams.all(),
             *RegistrationActivities(records, api_url, api_ca_pem=api_ca_pem).all(),
             *WorkActivities(WorkRecords(records.db)).all(),
             # The reconciler asks Temporal (through this worker's client) which jobs are live.

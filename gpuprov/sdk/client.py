@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -60,6 +61,7 @@ from gpuprov.contract import (
     vm_run_tag,
 )
 from gpuprov.models import (
+    TEAM_NAME_PATTERN,
     HealthReport,
     JobSpec,
     JobState,
@@ -110,6 +112,7 @@ class JobSummary(Model):
     provider: str | None = None  # the offer in use (or last tried)
     region: str | None = None
     gpu: str | None = None
+    team: str | None = None
     started_at: datetime | None = None
     closed_at: datetime | None = None
 
@@ -258,6 +261,7 @@ def _summary(execution: WorkflowExecution) -> JobSummary:
         provider=attrs.get(contract.PROVIDER),
         region=attrs.get(contract.REGION),
         gpu=attrs.get(contract.GPU),
+        team=attrs.get(contract.TEAM),
         started_at=execution.start_time,
         closed_at=execution.close_time,
     )
@@ -307,7 +311,10 @@ class GpuprovClient:
         return cls(client, temporal.task_queue, database_url)
 
     async def submit(self, spec: JobSpec) -> JobHandle:
-        attributes = [SearchAttributePair(contract.STATE, JobState.QUEUED.value)]
+        attributes = [
+            SearchAttributePair(contract.STATE, JobState.QUEUED.value),
+            SearchAttributePair(contract.TEAM, spec.team),
+        ]
         if spec.resources.gpu:
             attributes.append(SearchAttributePair(contract.GPU, spec.resources.gpu))
         try:
@@ -346,14 +353,20 @@ class GpuprovClient:
         raise JobNotFound(f"job {name!r} has no run {run!r}")
 
     async def list(
-        self, state: JobState | None = None, provider: str | None = None, limit: int = 100
+        self,
+        state: JobState | None = None,
+        provider: str | None = None,
+        limit: int = 100,
+        team: str | None = None,
     ) -> list[JobSummary]:
-        """Recent jobs, newest first, filtered by the GpuprovState/GpuprovProvider search
-        attributes (Temporal's visibility lags a moment behind the jobs themselves)."""
+        """Recent jobs, newest first, filtered by the GpuprovState/GpuprovProvider/GpuprovTeam
+        search attributes (Temporal's visibility lags a moment behind the jobs themselves)."""
         if provider is not None and provider not in PROVIDER_IDS:
             # It goes into a visibility query: a quote in it would change the query.
             known = ", ".join(PROVIDER_IDS)
             raise GpuprovError(f"unknown provider {provider!r} (known: {known})")
+        if team is not None and not re.fullmatch(TEAM_NAME_PATTERN, team):
+            raise GpuprovError(f"{team[:64]!r} is not a team name")
         clauses = ["WorkflowType = 'ProvisionJob'"]
         if state is not None:
             clauses.append(f"{contract.STATE.name} = '{state.value}'")
@@ -361,6 +374,8 @@ class GpuprovClient:
                 clauses.append("ExecutionStatus = 'Running'")
         if provider is not None:
             clauses.append(f"{contract.PROVIDER.name} = '{provider}'")
+        if team is not None:
+            clauses.append(f"{contract.TEAM.name} = '{team}'")
         try:
             return [
                 _summary(execution)

@@ -29,7 +29,8 @@ from pydantic import Field
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
-from gpuprov.store.db import CostRecord, Database, VmRecord, new_id
+from gpuprov.models import DEFAULT_TEAM, TeamSpend
+from gpuprov.store.db import CostRecord, Database, JobRun, VmRecord, new_id
 from gpuprov.store.runs import pick_run, runs_of
 from providers.base import Model
 
@@ -193,6 +194,8 @@ class MachineCost(Model):
 
 class CostReport(Model):
     job: str | None = None  # the job asked for; None: every job
+    team: str | None = None  # the team asked for: its jobs only; None: every team's
+    budget: TeamSpend | None = None  # with a team: its month so far, against its budget
     # With a job: the run shown (its latest unless asked for another; "" for rows from before
     # runs were recorded) and every run of the name, oldest first.
     run: str | None = None
@@ -201,9 +204,12 @@ class CostReport(Model):
     machines: list[MachineCost] = Field(default_factory=list)  # with a job only
 
 
-def cost_report(db: Database, job: str | None = None, run: str | None = None) -> CostReport:
+def cost_report(
+    db: Database, job: str | None = None, run: str | None = None, team: str | None = None
+) -> CostReport:
     """Every job (or one) per provider; with a job, also each of its machines: of one run of
-    it, `run` or else its latest (RunNotFound for a run the name never had)."""
+    it, `run` or else its latest (RunNotFound for a run the name never had). With a team, only
+    its runs (the default team's include the runs from before teams)."""
     chosen = pick_run(db, job, run) if job is not None else None
     with db.session() as session:
         cost_query = select(CostRecord).order_by(col(CostRecord.recorded_at), col(CostRecord.id))
@@ -213,17 +219,34 @@ def cost_report(db: Database, job: str | None = None, run: str | None = None) ->
         if job is not None:
             cost_query = cost_query.where(CostRecord.job == job, CostRecord.run == chosen)
             vm_query = vm_query.where(VmRecord.job == job, VmRecord.run == chosen)
+        if team is not None:
+            runs = team_runs(team)
+            cost_query = cost_query.join(
+                runs, sa.and_(runs.c.job == CostRecord.job, runs.c.run == CostRecord.run)
+            )
+            vm_query = vm_query.join(
+                runs, sa.and_(runs.c.job == VmRecord.job, runs.c.run == VmRecord.run)
+            )
         costs = list(session.exec(cost_query).all())
         rows = list(session.exec(vm_query).all())
     actuals = {cost.vm: cost for cost in costs if cost.kind == "actual" and cost.vm is not None}
     machines = [_machine(row, actuals.get(row.vm)) for row in rows]
     return CostReport(
         job=job,
+        team=team,
         run=chosen,
         runs=[known.run for known in runs_of(db, job)] if job is not None else [],
         providers=_per_provider(costs, rows, machines),
         machines=machines if job is not None else [],
     )
+
+
+def team_runs(team: str) -> sa.Subquery:
+    """The (job, run) pairs of `team`'s runs, to join a table's rows on."""
+    condition = col(JobRun.team) == team
+    if team == DEFAULT_TEAM:
+        condition = sa.or_(condition, col(JobRun.team).is_(None))
+    return select(JobRun.job, JobRun.run, JobRun.gpus_per_node).where(condition).subquery()
 
 
 def _machine(row: VmRecord, actual: CostRecord | None) -> MachineCost:

@@ -25,13 +25,29 @@ from typing import Any
 import sqlalchemy as sa
 from sqlmodel import Session, col, select
 
-from gpuprov.store.db import Database, OperatorKey, WorkerCredential, WorkerRecord, utcnow
+from gpuprov.store.db import (
+    ROLES,
+    Database,
+    OperatorKey,
+    TeamRecord,
+    WorkerCredential,
+    WorkerRecord,
+    utcnow,
+)
 
 OPERATOR_PREFIX = "gpo"
 WORKER_PREFIX = "gpw"
 SECRET_BYTES = 32
 _PRESENTED = re.compile(r"(gpo|gpw)_([0-9a-f]{32})_([A-Za-z0-9_-]{43,})")
 MAX_NAME = 128
+
+
+class KeyRefused(ValueError):
+    """An operator key that cannot be minted as asked; `argument` names what is wrong."""
+
+    def __init__(self, argument: str, message: str) -> None:
+        super().__init__(message)
+        self.argument = argument
 
 
 def sha256(secret: str) -> str:
@@ -100,15 +116,25 @@ class Credentials:
 
     # ------------------------------------------------------------------ operator keys
 
-    def create_operator_key(self, name: str) -> tuple[OperatorKey, str]:
-        """A new key named `name` (who or what uses it); (its row, the key shown once)."""
+    def create_operator_key(
+        self, name: str, *, role: str = "admin", team: str | None = None
+    ) -> tuple[OperatorKey, str]:
+        """A new key named `name` (who or what uses it) with `role`, of `team` (an admin's may
+        have none: it reaches every team; a member's or viewer's must name one, which must
+        exist); (its row, the key shown once). KeyRefused names the argument at fault."""
         name = name.strip()
         if not name or len(name) > MAX_NAME:
-            raise ValueError(f"an API key's name must be 1-{MAX_NAME} characters")
-        row = OperatorKey(name=name, secret_sha256="", created_at=utcnow())
+            raise KeyRefused("name", f"an API key's name must be 1-{MAX_NAME} characters")
+        if role not in ROLES:
+            raise KeyRefused("role", f"{role!r} is not a role ({', '.join(ROLES)})")
+        if team is None and role != "admin":
+            raise KeyRefused("team", f"a {role}'s key belongs to a team: name one")
+        row = OperatorKey(name=name, secret_sha256="", created_at=utcnow(), role=role, team=team)
         plaintext = _mint(OPERATOR_PREFIX, row.id)
         row.secret_sha256 = sha256(plaintext)
         with self.db.session() as session:
+            if team is not None and session.get(TeamRecord, team) is None:
+                raise KeyRefused("team", f"no team named {team!r} (gpuprov team create {team})")
             session.add(row)
             session.commit()
         return row, plaintext

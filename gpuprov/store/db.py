@@ -42,6 +42,8 @@ LOG_STREAMS = ("stdout", "stderr", "gpuprov")  # gpuprov: the control plane's ow
 SSH_CLIENT_KEY_SOURCES = ("configured", "generated")
 WORKER_LIVENESS = ("alive", "lost")  # lost: no heartbeat for [workers] lost_after_seconds
 WORKER_HEALTH = ("healthy", "unhealthy")  # the node's latest GPU verdict
+ROLES = ("admin", "member", "viewer")  # an operator key's role, most powerful first
+ON_EXCEED = ("release", "warn")  # a running job that crosses its team's monthly budget
 
 
 def utcnow() -> datetime:
@@ -298,7 +300,8 @@ class WorkerCredential(Table, table=True):
 
 
 class OperatorKey(Table, table=True):
-    """An operator API key (`gpuprov apikey create`): only the SHA-256 of the secret is stored."""
+    """An operator API key (`gpuprov apikey create`): only the SHA-256 of the secret is stored.
+    Its role (ROLES) says what it may do, its team where (None: an admin over every team)."""
 
     __tablename__ = "operator_keys"
 
@@ -307,6 +310,36 @@ class OperatorKey(Table, table=True):
     secret_sha256: str
     created_at: datetime = _time()
     revoked_at: datetime | None = _time(nullable=True)
+    team: str | None = None
+    role: str = _with_default(sa.String(), "admin", "admin")
+
+
+class TeamRecord(Table, table=True):
+    """A team: who jobs and keys belong to, and its budget (gpuprov/store/teams.py)."""
+
+    __tablename__ = "teams"
+
+    name: str = Field(primary_key=True)
+    monthly_budget_usd: float | None = None  # USD per calendar month (UTC); None: no limit
+    max_gpus: int | None = None  # GPUs its jobs may hold at once; None: no limit
+    on_exceed: str = _with_default(sa.String(), "release", "release")  # ON_EXCEED
+    created_at: datetime = _time()
+
+
+class SecretRecord(Table, table=True):
+    """A secret's value, AES-256-GCM encrypted (gpuprov/store/secrets.py); team "" is global."""
+
+    __tablename__ = "secrets"
+    __table_args__ = (sa.UniqueConstraint("team", "name", name="uq_secrets_team_name"),)
+
+    id: str = Field(default_factory=new_id, primary_key=True)
+    team: str = _with_default(sa.String(), "", "")
+    name: str
+    key_id: str
+    nonce: bytes = Field(sa_column=sa.Column(sa.LargeBinary(), nullable=False))
+    ciphertext: bytes = Field(sa_column=sa.Column(sa.LargeBinary(), nullable=False))
+    created_at: datetime = _time()
+    updated_at: datetime = _time()
 
 
 class WorkRecord(Table, table=True):
@@ -387,6 +420,8 @@ class JobRun(Table, table=True):
     job: str = Field(primary_key=True)
     run: str = Field(primary_key=True)
     created_at: datetime = _time()
+    team: str | None = None  # None: a run from before teams, read as models.DEFAULT_TEAM
+    gpus_per_node: int | None = None  # what each of its machines holds (its team's GPU limit)
 
 
 class OfferAttempt(Table, table=True):

@@ -107,14 +107,20 @@ async def test_every_endpoint_declares_who_may_call_it(app: FastAPI, api: httpx.
         for method in route.methods
     )
     assert operator == [
+        ("DELETE", "/v1/secrets/{name}"),
         ("DELETE", "/v1/workers/{worker_id}"),
         ("GET", "/v1/cost"),
         ("GET", "/v1/jobs/{job}/logs"),
         ("GET", "/v1/offers/stats"),
+        ("GET", "/v1/orphans"),
+        ("GET", "/v1/secrets"),
+        ("GET", "/v1/teams"),
+        ("GET", "/v1/teams/{team}"),
         ("GET", "/v1/workers"),
         ("POST", "/v1/workers/{worker_id}/drain"),
         ("POST", "/v1/workers/{worker_id}/undrain"),
-    ]
+        ("PUT", "/v1/secrets/{name}"),
+    ]  # and each declares its role: tests/gpuprov/test_roles.py
     assert worker == [
         ("GET", "/v1/work"),
         ("GET", "/v1/workers/me"),

@@ -15,6 +15,8 @@ from gpuprov.config import (
     FaultRule,
     ProvidersSettings,
     Settings,
+    TemporalSettings,
+    default_data_dir,
     load_settings,
 )
 from gpuprov.engine.worker import node_ca_pem
@@ -88,9 +90,14 @@ def config_error(path: Path | None = None, env: dict[str, str] | None = None) ->
 # ---------------------------------------------------------------- the file
 
 
+def defaults(env: dict[str, str]) -> Settings:
+    """Settings() as load_settings gives them: the data dir filled in, per user."""
+    return Settings(temporal=TemporalSettings(data_dir=default_data_dir(env)))
+
+
 def test_no_file_and_no_env_gives_the_defaults() -> None:
     settings = load_settings(env={})
-    assert settings == Settings()
+    assert settings == defaults({})
     assert settings.temporal.address == "localhost:7233"
     assert settings.providers.fake is None
     assert settings.providers.enabled_ids() == []
@@ -192,7 +199,7 @@ def test_env_names_are_case_insensitive_below_the_prefix() -> None:
 
 def test_unrelated_env_variables_are_ignored() -> None:
     env = {"HOME": "/root", "GPUPROV_VERBOSE": "1", "OTHER__THING": "x", "GPUPROV_CONFIG": ""}
-    assert load_settings(env=env) == Settings()
+    assert load_settings(env=env) == defaults(env)
 
 
 def test_env_override_of_a_string_setting_keeps_numeric_looking_values() -> None:
@@ -416,3 +423,73 @@ def test_a_public_url_nodes_cannot_use_is_refused_naming_the_field(tmp_path, url
     assert error.startswith("invalid config: api.public_url: Value error, "), error
     assert said in error
     assert "hunter2" not in error
+
+
+# ---------------------------------------------------------------- the data dir, the client
+
+
+def test_the_data_dir_never_depends_on_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    home = {"HOME": "/home/ada"}
+    assert load_settings(env=home).temporal.data_dir == "/home/ada/.local/share/gpuprov"
+    xdg = {**home, "XDG_DATA_HOME": "/var/xdg"}
+    assert load_settings(env=xdg).temporal.data_dir == "/var/xdg/gpuprov"
+    relative_xdg = {**home, "XDG_DATA_HOME": "xdg"}  # the spec: a relative one is ignored
+    assert load_settings(env=relative_xdg).temporal.data_dir == "/home/ada/.local/share/gpuprov"
+    settings = load_settings(env=home)
+    assert settings.database_url == "sqlite:////home/ada/.local/share/gpuprov/gpuprov.db"
+
+    elsewhere = tmp_path / "etc" / "gpuprov.toml"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text('[temporal]\ndata_dir = "state"\n')
+    from_file = load_settings(elsewhere, env=home).temporal.data_dir
+    assert from_file == str(tmp_path / "etc" / "state")  # next to the file, not the cwd
+    elsewhere.write_text('[temporal]\ndata_dir = "/srv/gpuprov"\n')
+    assert load_settings(elsewhere, env=home).temporal.data_dir == "/srv/gpuprov"
+    elsewhere.write_text("[api]\nport = 9000\n")  # a file that names none: the user's
+    assert load_settings(elsewhere, env=home).temporal.data_dir == "/home/ada/.local/share/gpuprov"
+
+    env = {**home, "GPUPROV_TEMPORAL__DATA_DIR": "/tmp/d"}
+    assert load_settings(elsewhere, env=env).temporal.data_dir == "/tmp/d"
+    assert TemporalSettings().data_dir == ".data"  # settings built in code, as before
+
+
+def test_the_client_section_and_its_fallbacks(tmp_path: Path) -> None:
+    settings = load_settings(env={})
+    assert settings.client.api_key is None
+    assert (settings.client_api_url, settings.client_ca_file) == ("http://127.0.0.1:8080", None)
+
+    path = write(
+        tmp_path,
+        '[api]\npublic_url = "https://cp.internal:8443"\nca_file = "/etc/ca.pem"\n'
+        '[client]\napi_key = "gpo_from_file"\n',
+    )
+    settings = load_settings(path, env={})
+    assert settings.client.api_key is not None
+    assert settings.client.api_key.get_secret_value() == "gpo_from_file"
+    assert "gpo_from_file" not in repr(settings) and "gpo_from_file" not in str(settings)
+    assert (settings.client_api_url, settings.client_ca_file) == (
+        "https://cp.internal:8443",
+        "/etc/ca.pem",
+    )
+
+    env = {
+        "GPUPROV_CLIENT__API_URL": "https://other:9443",
+        "GPUPROV_CLIENT__CA_FILE": "/etc/other.pem",
+        "GPUPROV_API_KEY": "gpo_plain",
+    }
+    settings = load_settings(path, env=env)
+    assert settings.client.api_key is not None
+    assert settings.client.api_key.get_secret_value() == "gpo_plain"
+    assert (settings.client_api_url, settings.client_ca_file) == (
+        "https://other:9443",
+        "/etc/other.pem",
+    )
+    both = {**env, "GPUPROV_CLIENT__API_KEY": "gpo_nested"}  # the section's own name wins
+    key = load_settings(path, env=both).client.api_key
+    assert key is not None and key.get_secret_value() == "gpo_nested"
+
+    message = config_error(env={"GPUPROV_CLIENT__API_URL": "https://user:pw@cp:8443"})
+    assert "client.api_url" in message and "pw" not in message

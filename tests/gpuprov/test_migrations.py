@@ -30,6 +30,7 @@ LOG_USAGE_TABLES = {"log_usage"}
 FENCE_TABLES = {"vm_fences"}
 RUN_TABLES = {"job_runs"}
 OFFER_STATS_TABLES = {"offer_attempts"}
+TEAM_TABLES = {"teams", "secrets"}
 TABLES = (
     INITIAL_TABLES
     | CREDENTIAL_TABLES
@@ -39,6 +40,7 @@ TABLES = (
     | FENCE_TABLES
     | RUN_TABLES
     | OFFER_STATS_TABLES
+    | TEAM_TABLES
 )
 
 
@@ -86,7 +88,7 @@ def test_upgrade_creates_exactly_the_tables(empty: Database):
 
     assert set(sa.inspect(empty.engine).get_table_names()) == TABLES | {"alembic_version"}
     assert {table.name for table in metadata.sorted_tables} == TABLES
-    assert empty.current_revision() == head() == "0013_offer_stats"
+    assert empty.current_revision() == head() == "0014_teams"
     described = schema(empty)
     assert ("uq_vms_vm", ("vm",)) in described["vms"]["unique"]
     assert ("uq_blocks_scope_key", ("scope", "key")) in described["blocks"]["unique"]

@@ -22,6 +22,7 @@ from providers.errors import ErrorKind
 
 FULL_SPEC: dict[str, Any] = {
     "name": "train-7b",
+    "team": "default",
     "nodes": 2,
     "resources": {
         "gpu": "H100",
