@@ -11,7 +11,8 @@ from gpuprov.cli.arguments import job_name, job_or_machine_name, run_tag
 from gpuprov.cli.common import EARLIER_RUN, Commands, client_for
 from gpuprov.cli.render import health_text, progress_line, status_text
 from gpuprov.config import Settings
-from gpuprov.models import JobState, load_job_spec
+from gpuprov.models import JobSpec, JobSpecError, JobState, load_job_spec
+from gpuprov.sdk.api_client import ApiClient
 from providers import PROVIDER_IDS
 from providers.base import Verdict
 
@@ -58,6 +59,7 @@ RUN_WAIT_SECONDS = 30 * 24 * 3600
 
 async def _submit(settings: Settings, args: argparse.Namespace) -> int:
     spec = load_job_spec(args.file)
+    await _check_secrets(settings, spec)
     client = await client_for(settings)
     handle = await client.submit(spec)
     print(f"submitted {spec.workflow_id} on task queue {client.task_queue}")
@@ -80,6 +82,25 @@ async def _submit(settings: Settings, args: argparse.Namespace) -> int:
     )
     print(status_text(status))
     return 0 if status.state is JobState.COMPLETED else 1
+
+
+async def _check_secrets(settings: Settings, spec: JobSpec) -> None:
+    """With an API key configured, a reference to a secret the job's team cannot see is
+    refused before the job starts, naming the variable; without one, the job's admission
+    refuses it as it starts (so does a job started any other way)."""
+    references = spec.secret_references()
+    api = ApiClient.from_settings(settings) if references else None
+    if api is None:
+        return
+    async with api:
+        known = {secret.name for secret in await api.secret_names(spec.team)}
+    for variable, names in references.items():
+        missing = sorted(set(names) - known)
+        if missing:
+            raise JobSpecError(
+                f"env.{variable}: no secret named {missing[0]!r} that team {spec.team!r} can "
+                f"see (gpuprov secret list --team {spec.team})"
+            )
 
 
 async def _status(settings: Settings, args: argparse.Namespace) -> int:

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from gpuprov.models import HealthReport, JobStatus, OfferStats, capabilities_text, offering_of
+from gpuprov.models import (
+    HealthReport,
+    JobStatus,
+    OfferStats,
+    TeamSpend,
+    capabilities_text,
+    offering_of,
+)
 from gpuprov.sdk.client import EndReport
 from gpuprov.sdk.owners import JobSituation, Standing, Unheld
 from gpuprov.store.costs import CostReport, MachineCost, Money, ProviderCost
@@ -43,11 +50,14 @@ def status_text(status: JobStatus) -> str:
     lines = [f"job {status.name}: {status.state.value}"]
     if status.run:
         lines.append(f"  run: {status.run}")
+    if status.team:
+        lines.append(f"  team: {status.team}")
     if status.waiting_for:
         lines.append(f"  waiting for: {status.waiting_for}")
     if status.hourly_cost is not None:
         cost = status.hourly_cost
         lines.append(f"  estimated cost: {cost.amount:.2f} {cost.currency}/{cost.unit}")
+    lines += [f"  warning: {warning}" for warning in status.warnings]
     if status.attempts:
         lines.append("  offers tried:")
         for attempt in status.attempts:
@@ -238,11 +248,14 @@ COST_FORMULA = (
 
 def cost_text(report: CostReport) -> str:
     """`gpuprov cost`: per job and provider, the hourly estimates and the actual totals (per
-    currency), then why machines have none; with a job, each machine first."""
+    currency), then why machines have none; with a job, each machine first; with a team, its
+    month against its budget first."""
+    budget = budget_lines(report.budget) if report.budget is not None else []
     if not report.providers:
         suffix = f" for job {report.job}" if report.job else ""
-        return f"no cost records or machines{suffix}"
-    lines = [f"job {report.job}:"] if report.job else []
+        suffix += f" of team {report.team}" if report.team else ""
+        return "\n".join([*budget, f"no cost records or machines{suffix}"])
+    lines = [*budget, f"job {report.job}:"] if report.job else list(budget)
     if report.job and report.run:
         earlier = [run for run in report.runs if run != report.run]
         lines.append(
@@ -254,6 +267,27 @@ def cost_text(report: CostReport) -> str:
         lines += _provider_lines(line)
     lines.append(COST_FORMULA)
     return "\n".join(lines)
+
+
+def budget_lines(spend: TeamSpend) -> list[str]:
+    """A team's month so far against its limits."""
+    month = spend.month_start.strftime("%Y-%m")
+    if spend.monthly_budget_usd is None:
+        money = f"{spend.spent_usd:.2f} USD spent in {month} (no monthly budget)"
+    else:
+        money = (
+            f"{spend.spent_usd:.2f} of {spend.monthly_budget_usd:.2f} USD spent in {month}, "
+            f"{spend.left_usd or 0:.2f} left (on_exceed = {spend.on_exceed})"
+        )
+    gpus = f"{spend.gpus_held} GPU(s) held" + (
+        f" of {spend.max_gpus}" if spend.max_gpus is not None else ""
+    )
+    rate = f", accruing {spend.accruing_usd_per_hour:.2f} USD/hour"
+    other = "".join(
+        f"; {amount:.2f} {currency} not counted (not USD)"
+        for currency, amount in sorted(spend.other_currencies.items())
+    )
+    return [f"team {spend.team}: {money}; {gpus}{rate}{other}"]
 
 
 def _money(money: Money) -> str:

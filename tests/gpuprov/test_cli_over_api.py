@@ -140,6 +140,13 @@ async def test_the_user_commands_answer_over_the_api_without_the_database(
         assert out == cost_text(report) + "\n"  # the text is the API's report, rendered
         assert report.providers == cost_report(records.db).providers
         assert report.team == (team[-1] if team else report.team)
+        # The team's month against its budget comes first (the default team has none).
+        assert out.startswith("team default: ") and "USD spent in " in out.splitlines()[0]
+
+    # A member sees its team's jobs' workers, not the pool's idle ones.
+    code, out, err = await gpuprov(capsys, "workers")
+    assert code == 0, err
+    assert f"{rows['node']}  managed, busy, " in out and rows["idle"] not in out
 
     monkeypatch.delenv("GPUPROV_CLIENT__API_KEY")
     monkeypatch.setenv("GPUPROV_API_KEY", admin)  # the plain name works too
@@ -278,3 +285,21 @@ async def test_a_missing_or_empty_database_says_what_to_run(
     monkeypatch.setenv("GPUPROV_DATABASE__URL", f"sqlite:///{empty}")
     code, _, err = await gpuprov(capsys, "workers")
     assert code == 2 and "has no gpuprov tables yet: run `gpuprov setup`" in err
+
+
+async def test_submit_refuses_a_secret_the_team_cannot_see_before_the_job_starts(
+    records: Records,
+    api_url: str,
+    user: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+):
+    _, member = Credentials(records.db).create_operator_key("dev", role="member", team="default")
+    monkeypatch.setenv("GPUPROV_CLIENT__API_URL", api_url)
+    monkeypatch.setenv("GPUPROV_CLIENT__API_KEY", member)
+    spec = Path("job.yaml")
+    spec.write_text("name: uses-secret\nrun: 'true'\nenv:\n  WANDB_API_KEY: ${{ secrets.WANDB }}\n")
+    code, out, err = await gpuprov(capsys, "submit", str(spec))
+    # Refused naming the variable, before Temporal (nothing listens at its address) is asked.
+    assert (code, out) == (2, "")
+    assert "env.WANDB_API_KEY: no secret named 'WANDB' that team 'default' can see" in err
