@@ -370,16 +370,40 @@ def _check_encryption_key(value: SecretStr) -> SecretStr:
 EncryptionKey = Annotated[SecretStr, AfterValidator(_check_encryption_key)]
 
 
-class CodecSettings(Model):
-    """Payload encryption (gpuprov/sdk/codec.py) and the codec server the Temporal UI calls.
-
-    `keys` maps a key id to base64 of 32 random bytes; `active_key` names the key new payloads
-    are encrypted with (None: nothing new is encrypted, but the keys still decrypt). Keep old
-    keys listed after a rotation: histories encrypted with them name them.
-    """
+class KeyRing(Model):
+    """AES-256 keys by id, and the one new data is encrypted with: what `[codec]` and
+    `[secrets]` share. `keys` maps a key id to base64 of 32 random bytes; `active_key` names
+    the key new data is encrypted with (None: nothing new is, but the keys still decrypt).
+    Keep old keys listed after a rotation: what was encrypted with them names them."""
 
     keys: dict[str, EncryptionKey] = Field(default_factory=dict)
     active_key: str | None = None
+
+    @model_validator(mode="after")
+    def _active_key_is_a_key(self) -> KeyRing:
+        for key_id in self.keys:
+            if not _KEY_ID.fullmatch(key_id):
+                raise ValueError(
+                    f"keys: key id {key_id!r} must be 1-64 letters, digits, '.', '_' or '-'"
+                )
+        if self.active_key is not None and self.active_key not in self.keys:
+            known = ", ".join(sorted(self.keys)) or "none"
+            raise ValueError(
+                f"active_key {self.active_key!r} is not one of the keys (configured: {known})"
+            )
+        return self
+
+    def key_bytes(self) -> dict[str, bytes]:
+        return {
+            key_id: base64.b64decode(key.get_secret_value().strip())
+            for key_id, key in self.keys.items()
+        }
+
+
+class CodecSettings(KeyRing):
+    """Payload encryption (gpuprov/sdk/codec.py) and the codec server the Temporal UI calls.
+    Histories encrypted with a key name it: keep old keys listed after a rotation."""
+
     # `gpuprov codec-server` (and `gpuprov dev` when keys are set).
     host: str = "127.0.0.1"
     port: Port = 8081
@@ -387,62 +411,19 @@ class CodecSettings(Model):
     # Empty: the local UI, http://localhost:<temporal.ui_port> and http://127.0.0.1:<...>.
     ui_origins: list[str] = Field(default_factory=list)
 
-    @model_validator(mode="after")
-    def _active_key_is_a_key(self) -> CodecSettings:
-        for key_id in self.keys:
-            if not _KEY_ID.fullmatch(key_id):
-                raise ValueError(
-                    f"keys: key id {key_id!r} must be 1-64 letters, digits, '.', '_' or '-'"
-                )
-        if self.active_key is not None and self.active_key not in self.keys:
-            known = ", ".join(sorted(self.keys)) or "none"
-            raise ValueError(
-                f"active_key {self.active_key!r} is not one of the keys (configured: {known})"
-            )
-        return self
-
     @property
     def enabled(self) -> bool:
         """New payloads are encrypted."""
         return self.active_key is not None
 
-    def key_bytes(self) -> dict[str, bytes]:
-        return {
-            key_id: base64.b64decode(key.get_secret_value().strip())
-            for key_id, key in self.keys.items()
-        }
 
-
-class SecretsSettings(Model):
+class SecretsSettings(KeyRing):
     """The vault's keys (gpuprov/store/secrets.py): `keys` maps a key id to base64 of 32 random
     bytes, `active_key` names the one new values are encrypted with. Without an active key,
     `gpuprov secret set` is refused; keep old keys listed after a rotation (each stored value
     names its key). Only the API holds them: it stores what `secret set` sends and hands the
     values to the nodes with their work. `GPUPROV_SECRETS__KEYS='{k1 = "<base64>"}'` and
     `GPUPROV_SECRETS__ACTIVE_KEY=k1` set them from the environment."""
-
-    keys: dict[str, EncryptionKey] = Field(default_factory=dict)
-    active_key: str | None = None
-
-    @model_validator(mode="after")
-    def _active_key_is_a_key(self) -> SecretsSettings:
-        for key_id in self.keys:
-            if not _KEY_ID.fullmatch(key_id):
-                raise ValueError(
-                    f"keys: key id {key_id!r} must be 1-64 letters, digits, '.', '_' or '-'"
-                )
-        if self.active_key is not None and self.active_key not in self.keys:
-            known = ", ".join(sorted(self.keys)) or "none"
-            raise ValueError(
-                f"active_key {self.active_key!r} is not one of the keys (configured: {known})"
-            )
-        return self
-
-    def key_bytes(self) -> dict[str, bytes]:
-        return {
-            key_id: base64.b64decode(key.get_secret_value().strip())
-            for key_id, key in self.keys.items()
-        }
 
 
 class SshSettings(Model):
