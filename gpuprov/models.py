@@ -292,19 +292,26 @@ def load_job_spec(path: str | Path) -> JobSpec:
         raise JobSpecError(f"cannot read job spec {path}: {error.strerror or error}") from None
     except UnicodeDecodeError as error:
         raise JobSpecError(f"job spec {path} is not UTF-8 text: {error.reason}") from None
+    kind = {".toml": "toml", ".json": "json"}.get(path.suffix, "yaml")
+    return parse_job_text(text, kind, f"job spec {path}")
+
+
+def parse_job_text(text: str, kind: str, source: str = "job spec") -> JobSpec:
+    """A job spec from its text: `kind` is "toml", "json" or "yaml"; `source` names it in the
+    error of a malformed one."""
     try:
-        if path.suffix == ".toml":
+        if kind == "toml":
             data = tomllib.loads(text)
-        elif path.suffix == ".json":
+        elif kind == "json":
             data = json.loads(text)
         else:
             data = yaml.safe_load(text)
     except (tomllib.TOMLDecodeError, yaml.YAMLError, json.JSONDecodeError) as error:
-        raise JobSpecError(f"malformed job spec {path}: {error}") from None
+        raise JobSpecError(f"malformed {source}: {error}") from None
     except RecursionError:
-        raise JobSpecError(f"malformed job spec {path}: nested too deeply") from None
+        raise JobSpecError(f"malformed {source}: nested too deeply") from None
     except ValueError as error:  # e.g. an integer past Python's digit limit
-        raise JobSpecError(f"malformed job spec {path}: {error}") from None
+        raise JobSpecError(f"malformed {source}: {error}") from None
     return parse_job_spec(data)
 
 

@@ -4,6 +4,8 @@
     GET  /v1/workers; drain, undrain, remove                      a viewer (its team's); admins
     GET  /v1/workers/me, POST /v1/workers/heartbeat               the worker's credential
     GET  /v1/work, POST /v1/work/{id}/started|exit|logs           the worker's credential
+    POST /v1/jobs; GET /v1/jobs, /v1/jobs/{name}; POST .../release|cancel  a member (to change)
+                                                                  or viewer of the job's team
     GET  /v1/jobs/{job}/logs                                      a viewer of the job's team
     GET  /v1/cost[?job=NAME&team=T]                               a viewer of the team
     GET  /v1/offers/stats[?offering=KEY]                          any operator API key
@@ -59,6 +61,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from gpuprov.api import auth
 from gpuprov.api import cost as api_cost
+from gpuprov.api import jobs as api_jobs
 from gpuprov.api import node as api_node
 from gpuprov.api import offers as api_offers
 from gpuprov.api import orphans as api_orphans
@@ -72,6 +75,7 @@ from gpuprov.api.work_secrets import WorkSecrets
 from gpuprov.config import ConfigError, JobsSettings, WorkersSettings
 from gpuprov.models import WorkerCapabilities
 from gpuprov.sdk import pem
+from gpuprov.sdk.client import DEFAULT_TASK_QUEUE
 from gpuprov.store.credentials import Credentials, issue_worker_credential
 from gpuprov.store.liveness import Liveness
 from gpuprov.store.records import Records, TokenRejected
@@ -212,6 +216,7 @@ def create_app(
     jobs: JobsSettings | None = None,
     temporal: TemporalSource = None,
     vault: Vault | None = None,
+    task_queue: str = DEFAULT_TASK_QUEUE,
 ) -> FastAPI:
     """The API over `records`. `temporal` (a client, or how to connect when first needed) lets
     a node's report wake its job at once; without it the liveness sweep does. `vault` holds the
@@ -241,6 +246,7 @@ def create_app(
     api_orphans.add_routes(app)
     api_offers.add_routes(app, jobs)
     api_teams.add_routes(app)
+    api_jobs.add_routes(app, task_queue)
     api_secrets.add_routes(app)
     api_node.add_routes(app)
 

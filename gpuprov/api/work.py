@@ -142,6 +142,11 @@ class JobWaker:
                 return
         await asyncio.to_thread(self._liveness.notified, worker_id, changed_at)
 
+    async def client(self) -> Client | None:
+        """The Temporal client, connecting on first use; None without one (or while a failed
+        connection waits out its pause)."""
+        return await self._connect()
+
     async def _connect(self) -> Client | None:
         if self._client is not None or self._source is None or isinstance(self._source, Client):
             return self._client

@@ -111,6 +111,7 @@ async def dev_stack(
                 jobs=settings.jobs,
                 temporal=env.client,
                 vault=Vault.configured(runtime.records.db, settings.secrets),
+                task_queue=settings.temporal.task_queue,
             )
             await stack.enter_async_context(serving(app, api.host, api.port))
             yield DevStack(

@@ -37,6 +37,7 @@ async def _api(settings: Settings, args: argparse.Namespace) -> int:
             jobs=settings.jobs,
             temporal=lambda: connect_temporal(settings.temporal, codec=settings.codec),
             vault=Vault.configured(records.db, settings.secrets),
+            task_queue=settings.temporal.task_queue,
         )
         api = settings.api
         tls = {"tls_cert_file": api.tls_cert_file, "tls_key_file": api.tls_key_file}

@@ -361,30 +361,31 @@ class GpuprovClient:
     ) -> list[JobSummary]:
         """Recent jobs, newest first, filtered by the GpuprovState/GpuprovProvider/GpuprovTeam
         search attributes (Temporal's visibility lags a moment behind the jobs themselves)."""
-        if provider is not None and provider not in PROVIDER_IDS:
-            # It goes into a visibility query: a quote in it would change the query.
-            known = ", ".join(PROVIDER_IDS)
-            raise GpuprovError(f"unknown provider {provider!r} (known: {known})")
-        if team is not None and not re.fullmatch(TEAM_NAME_PATTERN, team):
-            raise GpuprovError(f"{team[:64]!r} is not a team name")
-        clauses = ["WorkflowType = 'ProvisionJob'"]
-        if state is not None:
-            clauses.append(f"{contract.STATE.name} = '{state.value}'")
-            if not state.terminal:  # a terminated workflow keeps its last recorded state
-                clauses.append("ExecutionStatus = 'Running'")
-        if provider is not None:
-            clauses.append(f"{contract.PROVIDER.name} = '{provider}'")
-        if team is not None:
-            clauses.append(f"{contract.TEAM.name} = '{team}'")
+        query = _list_query(state, provider, team)
         try:
             return [
                 _summary(execution)
-                async for execution in self.temporal.list_workflows(
-                    " AND ".join(clauses), limit=limit
-                )
+                async for execution in self.temporal.list_workflows(query, limit=limit)
             ]
         except RPCError as error:
             raise GpuprovError(f"cannot list jobs: {error.message}") from None
+
+    async def list_page(
+        self,
+        state: JobState | None = None,
+        provider: str | None = None,
+        team: str | None = None,
+        page_size: int = 100,
+        page_token: bytes | None = None,
+    ) -> tuple[list[JobSummary], bytes | None]:
+        """One page of `list`, and the token of the next (None: the last page)."""
+        query = _list_query(state, provider, team)
+        pages = self.temporal.list_workflows(query, page_size=page_size, next_page_token=page_token)
+        try:
+            await pages.fetch_next_page()
+        except RPCError as error:
+            raise GpuprovError(f"cannot list jobs: {error.message}") from None
+        return [_summary(execution) for execution in pages.current_page], pages.next_page_token
 
     async def end_job(self, name: str, reason: str, timeout: float = 900) -> EndReport:
         """End a job that cannot end itself and delete its machines: terminate `job-<name>`
@@ -629,3 +630,24 @@ __all__ = [
     "WorkerSummary",
     "WorkersClient",
 ]
+
+
+def _list_query(state: JobState | None, provider: str | None, team: str | None) -> str:
+    """The visibility query of `GpuprovClient.list`; GpuprovError for a provider or team that
+    could change the query."""
+    if provider is not None and provider not in PROVIDER_IDS:
+        # It goes into a visibility query: a quote in it would change the query.
+        known = ", ".join(PROVIDER_IDS)
+        raise GpuprovError(f"unknown provider {provider!r} (known: {known})")
+    if team is not None and not re.fullmatch(TEAM_NAME_PATTERN, team):
+        raise GpuprovError(f"{team[:64]!r} is not a team name")
+    clauses = ["WorkflowType = 'ProvisionJob'"]
+    if state is not None:
+        clauses.append(f"{contract.STATE.name} = '{state.value}'")
+        if not state.terminal:  # a terminated workflow keeps its last recorded state
+            clauses.append("ExecutionStatus = 'Running'")
+    if provider is not None:
+        clauses.append(f"{contract.PROVIDER.name} = '{provider}'")
+    if team is not None:
+        clauses.append(f"{contract.TEAM.name} = '{team}'")
+    return " AND ".join(clauses)
