@@ -102,38 +102,35 @@ async def test_curl_alone_submits_follows_reads_the_logs_and_releases(
     app = create_app(
         sqlite_records, workers=FAST, jobs=JOBS, temporal=client, task_queue=task_queue
     )
-    async with serving(app, "127.0.0.1", port):
-        async with fake_worker(client, task_queue, config, sqlite_records, api_url=url) as (
-            _,
-            cloud,
-        ):
-            code, submitted = await curl(
-                "-X", "POST", "-H", "Content-Type: application/json",
-                "--data", json.dumps(run), f"{url}/v1/jobs",
-            )  # fmt: skip
-            assert (code, submitted["created"], submitted["team"]) == (201, True, "ml")
+    worker = fake_worker(client, task_queue, config, sqlite_records, api_url=url)
+    async with serving(app, "127.0.0.1", port), worker as (_, cloud):
+        code, submitted = await curl(
+            "-X", "POST", "-H", "Content-Type: application/json",
+            "--data", json.dumps(run), f"{url}/v1/jobs",
+        )  # fmt: skip
+        assert (code, submitted["created"], submitted["team"]) == (201, True, "ml")
 
-            async def running() -> dict | None:
-                _, status = await curl(f"{url}/v1/jobs/{job_name}")
-                return status if status.get("state") == "running" else None
+        async def running() -> dict | None:
+            _, status = await curl(f"{url}/v1/jobs/{job_name}")
+            return status if status.get("state") == "running" else None
 
-            status = await eventually(running, "the job running, seen with curl")
-            assert status["team"] == "ml" and status["attempts"][0]["outcome"] == "succeeded"
+        status = await eventually(running, "the job running, seen with curl")
+        assert status["team"] == "ml" and status["attempts"][0]["outcome"] == "succeeded"
 
-            async def logged() -> dict | None:
-                _, page = await curl(f"{url}/v1/jobs/{job_name}/logs")
-                return page if "hello from curl" in json.dumps(page) else None
+        async def logged() -> dict | None:
+            _, page = await curl(f"{url}/v1/jobs/{job_name}/logs")
+            return page if "hello from curl" in json.dumps(page) else None
 
-            await eventually(logged, "the work's output, read with curl")
-            code, ended = await curl("-X", "POST", f"{url}/v1/jobs/{job_name}/release")
-            assert (code, ended) == (200, {"name": job_name, "requested": "release"})
+        await eventually(logged, "the work's output, read with curl")
+        code, ended = await curl("-X", "POST", f"{url}/v1/jobs/{job_name}/release")
+        assert (code, ended) == (200, {"name": job_name, "requested": "release"})
 
-            async def done() -> dict | None:
-                _, status = await curl(f"{url}/v1/jobs/{job_name}")
-                return status if status.get("state") in ("completed", "failed") else None
+        async def done() -> dict | None:
+            _, status = await curl(f"{url}/v1/jobs/{job_name}")
+            return status if status.get("state") in ("completed", "failed") else None
 
-            final = await eventually(done, "the job ended, seen with curl")
-            assert_nothing_left(cloud)
+        final = await eventually(done, "the job ended, seen with curl")
+        assert_nothing_left(cloud)
     assert final["state"] == "completed", final
 
 
