@@ -3,7 +3,6 @@
     Teams.create(name, ...), update(name, ...), get(name), all()   the `teams` rows
     Teams.admit_run(job, run, team, gpus_per_node)                  a run's team, recorded once
     Teams.team_of(job, run)                                         whose run it is (or latest)
-    Teams.jobs_of(team)                                             the job names a team ran
     Teams.spend(team, now)                                          month-to-date, against budget
 
 A team's spend this month (a calendar month in UTC) is what its runs' machines cost: the
@@ -169,14 +168,6 @@ class Teams:
         if not rows:
             return None
         return rows[-1].team or DEFAULT_TEAM
-
-    def jobs_of(self, team: str) -> set[str]:
-        """Every job name `team` has run (the default team's include runs from before teams)."""
-        condition = col(JobRun.team) == team
-        if team == DEFAULT_TEAM:
-            condition = sa.or_(condition, col(JobRun.team).is_(None))
-        with self.db.session() as session:
-            return set(session.exec(select(JobRun.job).where(condition)).all())
 
     # ------------------------------------------------------------------ spend
 
