@@ -41,15 +41,23 @@ $(CLOUD_INIT):
 	$$([ "$$(id -u)" = 0 ] || echo sudo) sh -c 'export DEBIAN_FRONTEND=noninteractive; \
 		apt-get install -y cloud-init || { apt-get update && apt-get install -y cloud-init; }'
 
+# The dashboard tests drive Debian's headless Chromium through its chromedriver (tests/browser.py),
+# with Selenium from the pinned Python dependencies. Installed only where missing.
+CHROMEDRIVER := /usr/bin/chromedriver
+$(CHROMEDRIVER):
+	$$([ "$$(id -u)" = 0 ] || echo sudo) sh -c 'export DEBIAN_FRONTEND=noninteractive; \
+		apt-get install -y chromium chromium-driver || \
+		{ apt-get update && apt-get install -y chromium chromium-driver; }'
+
 # Two test processes (pytest-xdist), one per core: the suite waits on servers and subprocesses
 # as much as it computes. Each process has its own Temporal dev server and PostgreSQL.
-test: $(STAMP) $(SSHD) $(NGINX) $(CLOUD_INIT)
+test: $(STAMP) $(SSHD) $(NGINX) $(CLOUD_INIT) $(CHROMEDRIVER)
 	$(BIN)/pytest -q -n 2
 
 # The fast lane, for the edit-test loop: lint, then every test not marked `slow` (the modules
 # with a test of 2 s or more, or 10 s in all, measured: docs/testing.md). Under two minutes on
 # two cores; `make test` stays the whole suite, and what CI runs.
-check: $(STAMP) $(SSHD) $(NGINX) $(CLOUD_INIT)
+check: $(STAMP) $(SSHD) $(NGINX) $(CLOUD_INIT) $(CHROMEDRIVER)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 	$(BIN)/pytest -q -n 2 -m "not slow"
 

@@ -203,6 +203,11 @@ def _check_public_url(url: str | None) -> str | None:
     return url
 
 
+def _check_ui_url(url: str | None) -> str | None:
+    """A link shown in the dashboard: an http(s) URL with a host and no credentials."""
+    return _check_public_url(url)
+
+
 class ApiSettings(Model):
     host: str = Field(default="127.0.0.1", min_length=1, max_length=255)
     port: Port = 8080
@@ -217,6 +222,9 @@ class ApiSettings(Model):
     # every node gets it (user data, or the SSH bootstrap) and its agent pins it (--ca-file).
     # Without it nodes trust their system's CAs.
     ca_file: str | None = None
+    # The Temporal UI's address (http(s)://host:port), for the dashboard's link from each job to
+    # its workflow there. `gpuprov dev` and `demo` set it to their dev server's UI.
+    temporal_ui_url: Annotated[str | None, AfterValidator(_check_ui_url)] = None
 
     @model_validator(mode="after")
     def _cert_and_key_together(self) -> ApiSettings:

@@ -13,6 +13,8 @@
     GET, PUT, DELETE /v1/secrets[/{name}]                         a viewer; a member to change
     GET  /v1/orphans[?all=true]                                   an admin's API key
     GET  /v1/health                                               open
+    /ui/...                                                       the dashboard: signed in with
+                                                                  an operator key (a cookie)
     GET  /v1/node/agent.pyz                                       open (no secret in it)
 
 Who may call what is declared per endpoint with gpuprov/api/auth.py's dependencies; the workers
@@ -70,6 +72,7 @@ from gpuprov.api import teams as api_teams
 from gpuprov.api import work as api_work
 from gpuprov.api import workers as api_workers
 from gpuprov.api.auth import AuthFailures
+from gpuprov.api.dashboard import routes as api_dashboard
 from gpuprov.api.work import TemporalSource
 from gpuprov.api.work_secrets import WorkSecrets
 from gpuprov.config import ConfigError, JobsSettings, WorkersSettings
@@ -217,10 +220,13 @@ def create_app(
     temporal: TemporalSource = None,
     vault: Vault | None = None,
     task_queue: str = DEFAULT_TASK_QUEUE,
+    temporal_ui_url: str | None = None,
+    namespace: str = "default",
 ) -> FastAPI:
     """The API over `records`. `temporal` (a client, or how to connect when first needed) lets
     a node's report wake its job at once; without it the liveness sweep does. `vault` holds the
-    secrets' keys (none: no secret can be stored, and a stored one cannot be handed out)."""
+    secrets' keys (none: no secret can be stored, and a stored one cannot be handed out).
+    `temporal_ui_url` is where the dashboard links each job's workflow (none: no link)."""
     # No /docs, /redoc or /openapi.json: nothing but health is served to an unauthenticated
     # caller. `create_app(...).openapi()` still builds the document.
     app = FastAPI(
@@ -249,6 +255,7 @@ def create_app(
     api_jobs.add_routes(app, task_queue)
     api_secrets.add_routes(app)
     api_node.add_routes(app)
+    api_dashboard.add_routes(app, temporal_ui_url, namespace)
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, error: RequestValidationError) -> JSONResponse:

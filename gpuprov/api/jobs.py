@@ -24,7 +24,7 @@ import binascii
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowExecutionDescription
 from temporalio.service import RPCError, RPCStatusCode
 
 from gpuprov import contract
@@ -93,7 +93,7 @@ def _unavailable(error: Exception | str) -> HTTPException:
     )
 
 
-async def _jobs(request: Request) -> GpuprovClient:
+async def jobs_client(request: Request) -> GpuprovClient:
     waker: JobWaker = request.app.state.waker
     client: Client | None = await waker.client()
     if client is None:
@@ -128,17 +128,25 @@ async def _check_secrets(request: Request, spec: JobSpec) -> None:
             )
 
 
-async def _team_of(jobs: GpuprovClient, name: str) -> str:
-    """The job's team, from its `GpuprovTeam` (the default team for a job from before
-    teams); 404 when there is no such job."""
+async def describe_job(jobs: GpuprovClient, name: str) -> WorkflowExecutionDescription:
+    """The job's workflow as Temporal describes it; 404 when there is no such job."""
     handle = jobs.temporal.get_workflow_handle(workflow_id_for(name))
     try:
-        description = await handle.describe()
+        return await handle.describe()
     except RPCError as error:
         if error.status is RPCStatusCode.NOT_FOUND:
             raise HTTPException(404, f"no job named {name!r}") from None
         raise _unavailable(error.message) from None
+
+
+def team_in(description: WorkflowExecutionDescription) -> str:
+    """The job's team, from its `GpuprovTeam` (the default team for a job from before teams)."""
     return description.typed_search_attributes.get(contract.TEAM) or "default"
+
+
+async def team_of_job(jobs: GpuprovClient, name: str) -> str:
+    """The job's team; 404 when there is no such job."""
+    return team_in(await describe_job(jobs, name))
 
 
 async def _started_spec(jobs: GpuprovClient, name: str) -> JobSpec | None:
@@ -156,20 +164,24 @@ async def _started_spec(jobs: GpuprovClient, name: str) -> JobSpec | None:
     return None
 
 
-async def _status(jobs: GpuprovClient, name: str) -> JobStatus | None:
+async def status_or_none(jobs: GpuprovClient, name: str) -> JobStatus | None:
     try:
         return await asyncio.wait_for(jobs.job(name).status(), 10)
     except (GpuprovError, TimeoutError):
         return None  # no worker has answered for it yet
 
 
-def _page_token(token: str | None) -> bytes | None:
+def decode_page_token(token: str | None) -> bytes | None:
     if token is None:
         return None
     try:
         return base64.urlsafe_b64decode(token.encode())
     except (binascii.Error, ValueError):
         raise HTTPException(422, "page_token: not a token this API gave") from None
+
+
+def encode_page_token(token: bytes | None) -> str | None:
+    return base64.urlsafe_b64encode(token).decode() if token else None
 
 
 def add_routes(app: FastAPI, task_queue: str) -> None:
@@ -195,7 +207,7 @@ def add_routes(app: FastAPI, task_queue: str) -> None:
         spec = await _spec_of(request, caller)
         caller.check_acts_on(spec.team, f"job {spec.name!r}")
         await _check_secrets(request, spec)
-        jobs = await _jobs(request)
+        jobs = await jobs_client(request)
         try:
             await jobs.submit(spec)
         except JobAlreadyExists:
@@ -204,7 +216,7 @@ def add_routes(app: FastAPI, task_queue: str) -> None:
                 raise HTTPException(
                     409, f"a job named {spec.name!r} is running with another spec"
                 ) from None
-            status = await _status(jobs, spec.name)
+            status = await status_or_none(jobs, spec.name)
             return Submitted(name=spec.name, team=spec.team, created=False, status=status)
         except GpuprovError as error:
             raise _unavailable(error) from None
@@ -226,26 +238,25 @@ def add_routes(app: FastAPI, task_queue: str) -> None:
             team = caller.team
         else:
             caller.check_reads(team, "the jobs")
-        jobs = await _jobs(request)
+        jobs = await jobs_client(request)
         try:
             page, token = await jobs.list_page(
                 state=JobState(state) if state else None,
                 provider=provider,
                 team=team,
                 page_size=page_size,
-                page_token=_page_token(page_token),
+                page_token=decode_page_token(page_token),
             )
         except GpuprovError as error:
             raise _unavailable(error) from None
-        encoded = base64.urlsafe_b64encode(token).decode() if token else None
-        return JobPage(jobs=page, next_page_token=encoded)
+        return JobPage(jobs=page, next_page_token=encode_page_token(token))
 
     @app.get("/v1/jobs/{name}", responses={**ROLE_REFUSALS, **NO_TEMPORAL, **NO_JOB})
     async def job_status(
         request: Request, name: JobName, caller: Annotated[Caller, Depends(require_viewer)]
     ) -> JobStatus:
-        jobs = await _jobs(request)
-        caller.check_reads(await _team_of(jobs, name), f"job {name!r}")
+        jobs = await jobs_client(request)
+        caller.check_reads(await team_of_job(jobs, name), f"job {name!r}")
         try:
             return await jobs.job(name).status()
         except GpuprovError as error:
@@ -255,19 +266,25 @@ def add_routes(app: FastAPI, task_queue: str) -> None:
         _add_ending(app, action)
 
 
+async def end_job(request: Request, caller: Caller, name: str, action: str) -> None:
+    """Release or cancel (`action`) the job `name`, for a caller who acts on its team; 409
+    once it has ended."""
+    jobs = await jobs_client(request)
+    caller.check_acts_on(await team_of_job(jobs, name), f"job {name!r}")
+    handle = jobs.job(name)
+    try:
+        await (handle.release() if action == "release" else handle.cancel())
+    except JobNotFound:  # it exists (its team was read): it has ended
+        raise HTTPException(409, f"job {name!r} has ended already") from None
+    except GpuprovError as error:
+        raise HTTPException(409, str(error)) from None
+
+
 def _add_ending(app: FastAPI, action: str) -> None:
-    async def end_job(
+    async def ending(
         request: Request, name: JobName, caller: Annotated[Caller, Depends(require_member)]
     ) -> Ended:
-        jobs = await _jobs(request)
-        caller.check_acts_on(await _team_of(jobs, name), f"job {name!r}")
-        handle = jobs.job(name)
-        try:
-            await (handle.release() if action == "release" else handle.cancel())
-        except JobNotFound:  # it exists (its team was read): it has ended
-            raise HTTPException(409, f"job {name!r} has ended already") from None
-        except GpuprovError as error:
-            raise HTTPException(409, str(error)) from None
+        await end_job(request, caller, name, action)
         return Ended(name=name, requested=action)
 
     app.post(
@@ -279,4 +296,4 @@ def _add_ending(app: FastAPI, action: str) -> None:
             409: {"description": "the job has ended already"},
         },
         name=f"{action}_job",
-    )(end_job)
+    )(ending)

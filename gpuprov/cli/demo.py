@@ -35,6 +35,7 @@ from gpuprov.config import (
 )
 from gpuprov.models import JobSpec, JobState, JobStatus, Resources, capabilities_text
 from gpuprov.sdk.client import GpuprovClient
+from gpuprov.store.credentials import Credentials
 from gpuprov.store.logs import prefixed, read_lines
 from gpuprov.store.records import Records
 from providers.errors import ErrorKind
@@ -127,6 +128,9 @@ async def run_demo(
         )
         async with dev_stack(settings) as stack:
             out(f"Temporal dev server at {stack.address}, Web UI at {stack.ui_url}")
+            # A key for this demo's throwaway database only: it goes when the demo ends.
+            _, key = Credentials(stack.records.db).create_operator_key("demo")
+            out(f"dashboard at {stack.api_url}/ui (sign in with this demo's admin key {key})")
             client = GpuprovClient(stack.client, settings.temporal.task_queue)
             spec = demo_job()
             handle = await client.submit(spec)
@@ -152,8 +156,9 @@ async def run_demo(
             out(status_text(status))
             out(_cloud_ledger(settings.providers.fake))
             out(f"Temporal UI for this job: {stack.workflow_url(spec.workflow_id)}")
-            if hold is not None:
-                hold()
+            out(f"dashboard page for this job: {stack.api_url}/ui/jobs/{spec.name}")
+            if hold is not None:  # in a thread: the API serves the dashboard meanwhile
+                await asyncio.to_thread(hold)
         out("dev server and worker stopped; nothing left running.")
         return status
 

@@ -112,6 +112,8 @@ async def dev_stack(
                 temporal=env.client,
                 vault=Vault.configured(runtime.records.db, settings.secrets),
                 task_queue=settings.temporal.task_queue,
+                temporal_ui_url=settings.api.temporal_ui_url or f"http://127.0.0.1:{ui_port}",
+                namespace=settings.temporal.namespace,
             )
             await stack.enter_async_context(serving(app, api.host, api.port))
             yield DevStack(
@@ -140,6 +142,7 @@ async def _dev(settings: Settings, args: argparse.Namespace) -> int:
         print(schedules.describe(settings, reconciler))
         print(schedules.describe_liveness(settings, liveness))
         print(f"control-plane API at {stack.api_url}")
+        print(f"dashboard at {stack.api_url}/ui (sign in with a key: gpuprov apikey create)")
         if stack.codec_url:
             print(f"payloads encrypted; codec server for the UI at {stack.codec_url}")
         print(

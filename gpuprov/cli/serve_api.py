@@ -38,6 +38,8 @@ async def _api(settings: Settings, args: argparse.Namespace) -> int:
             temporal=lambda: connect_temporal(settings.temporal, codec=settings.codec),
             vault=Vault.configured(records.db, settings.secrets),
             task_queue=settings.temporal.task_queue,
+            temporal_ui_url=settings.api.temporal_ui_url,
+            namespace=settings.temporal.namespace,
         )
         api = settings.api
         tls = {"tls_cert_file": api.tls_cert_file, "tls_key_file": api.tls_key_file}

@@ -23,11 +23,11 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import col, select
 
 from gpuprov.models import DEFAULT_TEAM, TEAM_NAME_PATTERN, TeamSpend
-from gpuprov.store.costs import UNIT_SECONDS, team_runs
+from gpuprov.store.costs import team_runs
 from gpuprov.store.db import ON_EXCEED, CostRecord, Database, JobRun, TeamRecord, VmRecord, utcnow
+from gpuprov.store.spend import HELD_STATUSES, accrued
 from providers.base import Model
 
-HELD_STATUSES = ("recorded", "created", "running", "terminating", "kept")
 MAX_BUDGET_USD = 10_000_000.0
 MAX_TEAM_GPUS = 1_000_000
 
@@ -206,16 +206,14 @@ class Teams:
                 other[currency] = other.get(currency, 0.0) + amount
         for vm, gpus_per_node in held:
             gpus += gpus_per_node or 0
-            unit = UNIT_SECONDS.get(vm.price_unit or "")
-            if vm.price_amount is None or unit is None:
+            accrual = accrued(vm, start, now)
+            if accrual is None:
                 continue
-            since = max(vm.launched_at or vm.created_at, start)
-            accrued = vm.price_amount * max(0.0, (now - since).total_seconds()) / unit
-            if vm.price_currency == "USD":
-                spent += accrued
-                rate += vm.price_amount * 3600 / unit
-            elif vm.price_currency:
-                other[vm.price_currency] = other.get(vm.price_currency, 0.0) + accrued
+            if accrual.currency == "USD":
+                spent += accrual.amount
+                rate += accrual.per_hour
+            else:
+                other[accrual.currency] = other.get(accrual.currency, 0.0) + accrual.amount
         return TeamSpend(
             team=team,
             month_start=start,

@@ -16,6 +16,7 @@ from fastapi.routing import APIRoute
 from gpuprov.api import auth
 from gpuprov.api.app import create_app
 from gpuprov.api.auth import AuthFailures
+from gpuprov.api.dashboard.session import signed_in
 from gpuprov.store.credentials import Credentials
 from gpuprov.store.records import Records
 from providers.node_agent import AGENT_ROUTE
@@ -99,6 +100,7 @@ async def register_worker(api: httpx.AsyncClient, records: Records, *, managed: 
 async def test_every_endpoint_declares_who_may_call_it(app: FastAPI, api: httpx.AsyncClient):
     operator = routes(app, auth.require_operator)
     worker = routes(app, auth.require_worker)
+    dashboard = routes(app, signed_in)
     throttled = routes(app, auth.guard)
     every = sorted(
         (method, route.path)
@@ -134,10 +136,30 @@ async def test_every_endpoint_declares_who_may_call_it(app: FastAPI, api: httpx.
         ("POST", "/v1/work/{work_id}/started"),
         ("POST", "/v1/workers/heartbeat"),
     ]
-    # Everything but health and the node agent's artifact (no secret in either) checks a
-    # secret (the join token checks its own, throttled).
-    assert sorted(set(every) - set(throttled)) == [("GET", "/v1/health"), ("GET", AGENT_ROUTE)]
-    assert set(throttled) == set(operator) | set(worker) | {("POST", REGISTER)}
+    assert dashboard == [
+        ("GET", "/ui/"),
+        ("GET", "/ui/jobs/{name}"),
+        ("GET", "/ui/jobs/{name}/logs"),
+        ("GET", "/ui/spend"),
+        ("GET", "/ui/workers"),
+        ("POST", "/ui/jobs/{name}/cancel"),
+        ("POST", "/ui/jobs/{name}/release"),
+        ("POST", "/ui/logout"),
+        ("POST", "/ui/workers/{worker_id}/drain"),
+        ("POST", "/ui/workers/{worker_id}/undrain"),
+    ]  # the key in the dashboard's cookie, checked as a bearer key is
+    # Everything but health, the node agent's artifact and the dashboard's sign-in form (no
+    # secret in any) checks a secret (the join token and a sign-in check their own, throttled).
+    assert sorted(set(every) - set(throttled)) == [
+        ("GET", "/ui"),
+        ("GET", "/ui/login"),
+        ("GET", "/v1/health"),
+        ("GET", AGENT_ROUTE),
+    ]
+    assert set(throttled) == set(operator) | set(worker) | set(dashboard) | {
+        ("POST", REGISTER),
+        ("POST", "/ui/login"),
+    }
     for path in ("/openapi.json", "/docs", "/redoc"):  # no unauthenticated document either
         assert (await api.get(path)).status_code == 404
 

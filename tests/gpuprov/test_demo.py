@@ -73,6 +73,10 @@ async def test_demo_fails_over_runs_the_work_completes_on_its_own_and_leaves_no_
     assert out.index("[0] rank 0 step 1/5") < out.index("[releasing]"), out
     assert "Temporal UI for this job: http://127.0.0.1:" in out
     assert "/namespaces/default/workflows/job-demo-train" in out
+    assert re.search(r"dashboard at http://127\.0\.0\.1:\d+/ui \(sign in with .* gpo_", out)
+    assert re.search(
+        r"dashboard page for this job: http://127\.0\.0\.1:\d+/ui/jobs/demo-train", out
+    )
 
     # Nothing the demo started (dev server, UI) outlives it.
     try:
