@@ -30,6 +30,7 @@ from temporalio.client import Client
 
 from bench import scenarios
 from bench.cpu import python_loop_ms_per_million
+from bench.handover import handover
 from bench.harness import dev_server
 from bench.heartbeats import heartbeats
 from bench.report import render
@@ -52,6 +53,7 @@ class Sizes:
     heartbeats: tuple[int, float, float, float] = (1000, 30.0, 60.0, 15.0)
     # jobs per placement policy, arriving over this many modelled minutes (bench/scarcity.py)
     scarcity: ScarcitySize = ScarcitySize(jobs=100, arrival_minutes=60.0)
+    handover: int = 64  # nodes of the work hand-over scenario's job (bench/handover.py)
 
 
 FULL = Sizes(
@@ -69,6 +71,7 @@ QUICK = Sizes(
     triple_failover_repeats=1,
     heartbeats=(1000, 10.0, 20.0, 5.0),
     scarcity=ScarcitySize(jobs=30, arrival_minutes=30.0),
+    handover=16,
 )
 
 
@@ -77,7 +80,9 @@ def limit(jobs: int, per_job: float) -> float:
     return 60 + per_job * jobs
 
 
-SCENARIOS = ("throughput", "overhead", "failover", "observe", "heartbeats", "scarcity")
+SCENARIOS = (
+    "throughput", "overhead", "failover", "observe", "heartbeats", "handover", "scarcity",
+)  # fmt: skip
 
 
 async def run_all(
@@ -118,6 +123,14 @@ async def run_all(
         results.heartbeats = await step(
             f"heartbeats, {agents} agents every {interval:g}s against one API process",
             heartbeats(agents, interval, seconds, burst),
+        )
+    for long_poll in (True, False) if "handover" in only else ():
+        results.handover.append(
+            await step(
+                f"work hand-over, {sizes.handover} nodes, "
+                + ("long poll" if long_poll else "baseline polls"),
+                handover(client, sizes.handover, long_poll, limit(sizes.handover, 3)),
+            )
         )
     if "scarcity" in only:
         size = sizes.scarcity

@@ -26,6 +26,7 @@ SMALLEST = Sizes(
     observe_intervals=2,
     heartbeats=(5, 0.5, 1.5, 1.0),
     scarcity=ScarcitySize(jobs=3, arrival_minutes=2.0, deadline_minutes=15.0),
+    handover=2,
 )
 
 
@@ -55,6 +56,12 @@ async def test_bench_smallest_sizes_run_and_render(client: Client) -> None:
         assert phase is not None and phase.ok == phase.sent > 0 and phase.errors == {}
     assert beats.paced.sent == 5 * 3  # each of 5 agents every 0.5 s for 1.5 s
 
+    assert [run.long_poll for run in results.handover] == [True, False]
+    for run in results.handover:
+        assert run.error is None and run.state == "completed", run
+        assert len(run.handover) == len(run.node_started_after) == 2
+        assert run.job_wrote_after is not None and run.job_wrote_after >= 0
+
     assert [run.policy for run in results.scarcity] == [policy.name for policy in POLICIES]
     for run in results.scarcity:
         assert all(job.final is not None and job.final.state.value in ENDED for job in run.jobs)
@@ -71,6 +78,7 @@ async def test_bench_smallest_sizes_run_and_render(client: Client) -> None:
         "## Cloud API calls",
         "## History per job",
         "## Heartbeats: one API process",
+        "## Work hand-over",
         "## Time to GPU when GPUs are scarce",
     ):
         assert heading in report

@@ -437,6 +437,10 @@ async def serving(
     if tls_cert_file is not None and tls_key_file is not None:
         pem.check_files("api.tls_cert_file", tls_cert_file, "api.tls_key_file", tls_key_file)
     listener = _listen(host, port)
+    # (`app` may be a wrapper of the API, or another app: only the API's own has waits.)
+    waits = getattr(getattr(app, "state", None), "work_waits", None)
+    if waits is not None:
+        waits.reopen()
     config = uvicorn.Config(
         app,
         host=host,
@@ -456,5 +460,7 @@ async def serving(
     try:
         yield server
     finally:
+        if waits is not None:  # a long poll held now would hold the shutdown up
+            waits.close()
         server.should_exit = True
         await task

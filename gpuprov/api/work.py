@@ -1,8 +1,9 @@
 """A node's work and a job's output, over the API:
 
-    GET  /v1/work                                 the calling worker's current assignment (204:
+    GET  /v1/work[?wait=S]                        the calling worker's current assignment (204:
                                                   none): id, job, epoch, rank, command, state,
-                                                  stop grace period
+                                                  stop grace period; with `wait`, a long poll
+                                                  held until there is one (work_waits.py)
     POST /v1/work/{id}/started                    it starts now; 409 when it must not (stopped
                                                   before it started, or given up)
     POST /v1/work/{id}/exit    {code, tail}       it ended with `code`; its last lines
@@ -51,6 +52,7 @@ from gpuprov.api.auth import (
 )
 from gpuprov.api.scope import check_job
 from gpuprov.api.work_secrets import WorkSecrets
+from gpuprov.api.work_waits import MAX_WAIT, WorkWaits
 from gpuprov.config import JobsSettings
 from gpuprov.models import JOB_NAME_PATTERN, WorkState
 from gpuprov.sdk.signals import tell_workers_changed
@@ -190,21 +192,27 @@ def add_routes(app: FastAPI, jobs: JobsSettings) -> None:
     logs = LogRecords(database) if database is not None else None
     waker: JobWaker = app.state.waker
     secrets: WorkSecrets = app.state.work_secrets
+    waits = app.state.work_waits = WorkWaits(app.state.work) if app.state.work is not None else None
 
     @app.get(
         "/v1/work",
         response_model=WorkAssignment,
         responses={
             **REFUSALS,
-            204: {"description": "no work now"},
+            204: {"description": "no work now (or none came within `wait` seconds)"},
+            429: {"description": "too many long polls held here now; see Retry-After"},
             503: {"description": "its secrets cannot be read now (no key for them)"},
         },
     )
     async def current_work(
         worker: Annotated[WorkerRecord, Depends(require_worker)],
         work: Annotated[WorkRecords, Depends(_work)],
+        wait: Annotated[float, Query(ge=0, le=MAX_WAIT)] = 0,
     ) -> Any:
+        """The assignment; with `wait`, held up to that many seconds until there is one."""
         row = await asyncio.to_thread(work.for_worker, worker.id)
+        if row is None and wait > 0:
+            row = await waits.until_assigned(worker.id, wait)
         if row is None:
             return Response(status_code=204)
         # The only answer that holds secret values: the agent sets them in the work's env.

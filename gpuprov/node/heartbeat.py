@@ -169,9 +169,9 @@ def run(args: argparse.Namespace) -> int:
     registered = read_node(state_dir).get("gpus") or []
     api_url = url
 
-    def call(path: str, body: dict | None, what: str) -> dict:
+    def call(path: str, body: dict | None, what: str, timeout: float = WORK_HTTP_TIMEOUT) -> dict:
         return call_api(api_url, path, body, credential, args.ca_file, tries=1, what=what,
-                        timeout=WORK_HTTP_TIMEOUT)  # fmt: skip
+                        timeout=timeout)  # fmt: skip
 
     runner = WorkRunner(call, state_dir)
     threading.Thread(target=runner.loop, name="work", daemon=True).start()

@@ -32,7 +32,10 @@ from .workdir import ASSIGNMENT_FILE, WORK_SUBDIR, read_json, write_json
 
 log = logging.getLogger(__name__)
 
-WORK_POLL = 5.0  # seconds between reads of the assignment while reserved, busy or running
+WORK_POLL = 5.0  # seconds between reads of the assignment while busy or running
+# While reserved with no work: each read is a long poll the API holds this long, answered the
+# moment the work is written (gpuprov/api/work_waits.py), then the next begins at once.
+LONG_POLL = 25.0
 SHIP_EVERY = 1.0  # seconds between sends of new output
 WORK_HTTP_TIMEOUT = 15.0
 LEASE_CHECK = 0.5  # seconds between looks at the lease while a work runs
@@ -49,6 +52,8 @@ class WorkRunner:
         self.work: Work | None = None
         self.watching = False  # the worker is reserved or busy: work may come
         self.poll_every, self.next_poll = WORK_POLL, 0.0
+        self.again = False  # a long poll ended empty: the next one begins without a pause
+        self.named: str | None = None  # the work the latest heartbeat named
         self.wake, self.revoked = threading.Event(), threading.Event()
         self.lease = Lease(state_dir)
         self.notice: dict | None = None  # the cloud's most urgent notice now, for heartbeats
@@ -61,6 +66,7 @@ class WorkRunner:
         self.watching = answer.get("state") in ("reserved", "busy")
         self.poll_every = min(WORK_POLL, interval)
         work, work_id = self.work, answer.get("work_id")
+        self.named = work_id
         if work is not None and work_id == work.id and answer.get("stop_requested"):
             work.stop()
         elif work is None and work_id:
@@ -79,7 +85,11 @@ class WorkRunner:
                 failures += 1
                 if failures % 10 == 1:
                     log.warning("%s; retrying", error)
-                time.sleep(backoff(failures, MAX_PAUSE))
+                # Backing off on 429 and 5xx, never sooner than the answer's Retry-After.
+                time.sleep(max(backoff(failures, MAX_PAUSE), error.retry_after or 0.0))
+            if self.again:
+                self.again = False
+                continue
             self.wake.wait(SHIP_EVERY)
             self.wake.clear()
 
@@ -125,7 +135,11 @@ class WorkRunner:
     def _step(self) -> None:
         work = self.work = self.work or self._unfinished()
         if work is None:
-            assignment = self._poll() if self.watching or not self.next_poll else None
+            assignment = None
+            if self.watching and not self.named:  # reserved, its work not written yet
+                assignment = self._long_poll()
+            elif self.watching or not self.next_poll:
+                assignment = self._poll()
             if not assignment:
                 return
             os.makedirs(self.root, mode=0o700, exist_ok=True)
@@ -150,6 +164,22 @@ class WorkRunner:
             return None
         self.next_poll = time.monotonic() + self.poll_every
         return self.call("/v1/work", None, "reading the work")
+
+    def _long_poll(self) -> dict | None:
+        """The assignment, asked for with a long poll: the API answers once it is written, or
+        with none ({}) after LONG_POLL seconds; the next poll then begins at once. An API that
+        answers none at once (one without long polls) is asked again only after the usual
+        pause, so the agent never spins."""
+        if time.monotonic() < self.next_poll:
+            return None
+        began = time.monotonic()
+        path = f"/v1/work?wait={LONG_POLL:g}"
+        answer = self.call(path, None, "waiting for the work", LONG_POLL + WORK_HTTP_TIMEOUT)
+        if not answer and time.monotonic() - began < LONG_POLL / 2:
+            self.next_poll = time.monotonic() + self.poll_every
+        elif not answer:
+            self.again = True
+        return answer
 
     def _unfinished(self) -> Work | None:
         """Work known from before a restart of this agent, whose end it has not reported."""

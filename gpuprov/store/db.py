@@ -354,6 +354,7 @@ class WorkRecord(Table, table=True):
             "job", "run", "epoch", "node_rank", name="uq_work_job_run_epoch_node_rank"
         ),
         sa.Index("ix_work_worker_id", "worker_id"),
+        sa.Index("ix_work_state_created_at", "state", "created_at"),
     )
 
     id: str = Field(default_factory=new_id, primary_key=True)

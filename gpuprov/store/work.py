@@ -11,6 +11,7 @@ retried activity or a repeated report changes nothing the second time.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -116,6 +117,18 @@ class WorkRecords:
             return session.exec(
                 select(WorkRecord).where(*current_work(worker_id)).order_by(*NEWEST_FIRST)
             ).first()
+
+    def assigned_since(self, since: datetime) -> list[tuple[str, str]]:
+        """(worker id, work id) of every assignment written since `since` and not started
+        yet: what a node waiting for its work may be woken for (gpuprov/api/work_waits.py)."""
+        with self.db.session() as session:
+            rows = session.exec(
+                select(WorkRecord.worker_id, WorkRecord.id).where(
+                    col(WorkRecord.state) == WorkState.ASSIGNED.value,
+                    col(WorkRecord.created_at) > since,
+                )
+            ).all()
+        return [(worker_id, work_id) for worker_id, work_id in rows]
 
     def of_worker(self, work_id: str, worker_id: str) -> WorkRecord | None:
         """The row, only if it is this worker's (None for another worker's, or none)."""

@@ -52,6 +52,7 @@ MAX_WAIT = 300.0  # seconds: the longest Retry-After honoured
 HEARTBEAT_INTERVAL = 30.0  # until the API says otherwise
 WORK_POLL = 0.5  # seconds between reads of the assignment, at first
 MAX_WORK_POLL = 5.0  # ... doubling while none comes (a lease's busy node asks rarely)
+LONG_POLL = 25.0  # seconds the API may hold a reserved node's read of its work (work_waits.py)
 TAIL_CHARS = 4000
 DRAIN_SECONDS = 0.5  # once the main process has ended: how long its output may still arrive
 EXIT_POLL = 0.05  # seconds between looks at whether the main process has exited
@@ -140,7 +141,11 @@ class CutOff(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         if self.cut():
             raise httpx.ConnectError("cut off from the API", request=request)
-        return await self._through.handle_async_request(request)
+        response = await self._through.handle_async_request(request)
+        if request.method == "GET" and self.cut():  # a long poll held across the cut
+            await response.aclose()
+            raise httpx.ConnectError("cut off from the API", request=request)
+        return response
 
     async def aclose(self) -> None:
         await self._through.aclose()
@@ -279,12 +284,23 @@ async def run_work(
         done: set[str] = set()
         pause = WORK_POLL
         while True:
+            waiting = False
             if watch.named is not None and watch.named not in done:
                 pause = WORK_POLL  # a heartbeat named work: ask at once
             elif not watch.active:
                 await asyncio.sleep(WORK_POLL)
                 continue
-            assignment = await _call(http, "GET", "/v1/work", retry=False)
+            else:
+                waiting = True  # reserved with no work named: a long poll, as the agent does
+            began = asyncio.get_running_loop().time()
+            if waiting:
+                assignment = await _call(http, "GET", f"/v1/work?wait={LONG_POLL:g}",
+                                         retry=False, timeout=LONG_POLL + 10)  # fmt: skip
+            else:
+                assignment = await _call(http, "GET", "/v1/work", retry=False)
+            held_long = asyncio.get_running_loop().time() - began >= LONG_POLL / 2
+            if waiting and assignment == {} and held_long:
+                continue  # the API held it: ask again at once
             # {} is "none yet": a reserved node can ask before its job has written the work.
             if isinstance(assignment, dict) and assignment and assignment["id"] not in done:
                 if lease is not None and lease.lapsed():
@@ -300,12 +316,13 @@ async def run_work(
 
 
 async def _call(http: httpx.AsyncClient, method: str, path: str, body: Any = None, *,
-                retry: bool = True) -> Any:  # fmt: skip
+                retry: bool = True, timeout: float | None = None) -> Any:  # fmt: skip
     """The answer's JSON ({} for 204), or the refusal's status code (a 4xx); a connection error,
     5xx or 429 is retried (or, without `retry`, None)."""
     while True:
         try:
-            response = await http.request(method, path, json=body)
+            extra = {"timeout": timeout} if timeout is not None else {}
+            response = await http.request(method, path, json=body, **extra)
         except httpx.HTTPError as error:
             log.info("fake agent: %s %s failed (%s)", method, path, error)
         else:
