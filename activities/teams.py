@@ -17,7 +17,7 @@ from pydantic import Field
 from temporalio import activity
 
 from gpuprov.models import TeamSpend
-from gpuprov.store.secrets import Vault
+from gpuprov.store.secrets import Vault, unknown_secret
 from gpuprov.store.teams import Teams
 from providers.base import Model
 
@@ -71,8 +71,7 @@ class TeamActivities:
             if missing:
                 return Admission(
                     team=request.team,
-                    refused=f"env.{variable}: no secret named {missing[0]!r} that team "
-                    f"{request.team!r} can see (gpuprov secret list --team {request.team})",
+                    refused=unknown_secret(variable, missing[0], request.team),
                 )
         spend = self._teams.spend(request.team, request.now)
         wanted = request.nodes * request.gpus_per_node

@@ -55,6 +55,7 @@ def _percentile(values: list[float], p: float) -> float | None:
 class HandoverRun:
     nodes: int
     long_poll: bool
+    job: str = ""  # its name (the workflow is job-<name>)
     # Seconds, one per node, from the last node's registration to its work's start ...
     handover: list[float] = field(default_factory=list)
     # ... of which the job took this long to write the work (the same for every node) ...
@@ -113,6 +114,7 @@ def _without_long_polls(off: bool) -> Iterator[None]:
 
 async def handover(client: Client, nodes: int, long_poll: bool, timeout: float) -> HandoverRun:
     run = HandoverRun(nodes=nodes, long_poll=long_poll)
+    run.job = spec_name = f"handover-{uuid.uuid4().hex[:6]}"
     with tempfile.TemporaryDirectory(prefix="gpuprov-bench-handover-") as data_dir:
         records = open_records(f"sqlite:///{data_dir}/gpuprov.db")
         port = free_port()
@@ -129,7 +131,7 @@ async def handover(client: Client, nodes: int, long_poll: bool, timeout: float) 
             sandboxed=False, max_concurrent_activities=4 * nodes + 50,
         )  # fmt: skip
         spec = JobSpec(
-            name=f"handover-{uuid.uuid4().hex[:6]}",
+            name=spec_name,
             nodes=nodes,
             resources=Resources(gpu="H100", gpus_per_node=8),
             provisioning_timeout_seconds=int(timeout),

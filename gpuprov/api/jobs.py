@@ -47,7 +47,7 @@ from gpuprov.sdk.client import (
     JobNotFound,
     JobSummary,
 )
-from gpuprov.store.secrets import Vault
+from gpuprov.store.secrets import Vault, unknown_secret
 from providers import PROVIDER_IDS
 from providers.base import Model
 
@@ -122,10 +122,7 @@ async def _check_secrets(request: Request, spec: JobSpec) -> None:
     for variable, names in spec.secret_references().items():
         missing = await asyncio.to_thread(vault.missing, spec.team, names)
         if missing:
-            raise HTTPException(
-                422,
-                f"env.{variable}: no secret named {missing[0]!r} that team {spec.team!r} can see",
-            )
+            raise HTTPException(422, unknown_secret(variable, missing[0], spec.team))
 
 
 async def describe_job(jobs: GpuprovClient, name: str) -> WorkflowExecutionDescription:

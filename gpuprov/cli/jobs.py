@@ -13,6 +13,7 @@ from gpuprov.cli.render import health_text, progress_line, status_text
 from gpuprov.config import Settings
 from gpuprov.models import JobSpec, JobSpecError, JobState, load_job_spec
 from gpuprov.sdk.api_client import ApiClient
+from gpuprov.store.secrets import unknown_secret
 from providers import PROVIDER_IDS
 from providers.base import Verdict
 
@@ -97,10 +98,7 @@ async def _check_secrets(settings: Settings, spec: JobSpec) -> None:
     for variable, names in references.items():
         missing = sorted(set(names) - known)
         if missing:
-            raise JobSpecError(
-                f"env.{variable}: no secret named {missing[0]!r} that team {spec.team!r} can "
-                f"see (gpuprov secret list --team {spec.team})"
-            )
+            raise JobSpecError(unknown_secret(variable, missing[0], spec.team))
 
 
 async def _status(settings: Settings, args: argparse.Namespace) -> int:

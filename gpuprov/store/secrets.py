@@ -209,6 +209,15 @@ def _view(row: SecretRecord) -> SecretView:
     )
 
 
+def unknown_secret(variable: str, name: str, team: str) -> str:
+    """The one-line refusal of a job whose `env.<variable>` names a secret its team cannot see
+    (the same words from the API, the CLI and the job's own admission)."""
+    return (
+        f"env.{variable}: no secret named {name!r} that team {team!r} can see "
+        f"(gpuprov secret list --team {team})"
+    )
+
+
 def referenced(env: Mapping[str, str]) -> list[str]:
     """Every secret name `env`'s values refer to."""
     return sorted({name for value in env.values() for name in SECRET_REFERENCE.findall(value)})

@@ -30,9 +30,11 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import functools
 import logging
 import os
 import signal
+import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -96,7 +98,7 @@ async def register(api_url: str, token: str, capabilities: dict[str, Any]) -> st
     Retry-After, as gpuprov.node does: our own API's throttling is no failure of the node.
     """
     body = {"token": token, "capabilities": capabilities}
-    async with httpx.AsyncClient(base_url=api_url, timeout=30) as http:
+    async with httpx.AsyncClient(base_url=api_url, timeout=30, verify=_tls()) as http:
         for _ in range(MAX_TRIES):
             try:
                 response = await http.post("/v1/workers/register", json=body)
@@ -127,13 +129,21 @@ def _pause(response: httpx.Response) -> float:
         return RETRY_PAUSE
 
 
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """httpx's default TLS context, built once: each client or transport built without one
+    loads the CA bundle anew (tens of ms of CPU), and a region's machines all start their
+    agents on the worker's event loop at once."""
+    return httpx.create_ssl_context()
+
+
 class CutOff(httpx.AsyncBaseTransport):
     """The node's link to the API, cut for good once `cut_off()` says so (None: never): from
     then on nothing the agent sends arrives, as a cut cable looks to it (a connection error)."""
 
     def __init__(self, cut_off: Callable[[], bool] | None = None) -> None:
         self.cut_off = cut_off
-        self._through = httpx.AsyncHTTPTransport()
+        self._through = httpx.AsyncHTTPTransport(verify=_tls())
 
     def cut(self) -> bool:
         return self.cut_off is not None and self.cut_off()
