@@ -23,10 +23,12 @@ from typing import Any
 
 import httpx
 import pytest
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.wait import WebDriverWait
 from temporalio.client import Client
 
@@ -50,6 +52,8 @@ JOBS = JobsSettings(stop_grace_seconds=3)
 SOLD_OUT = "no H100 capacity left in r1 (injected by the test)"
 WAIT = 90  # seconds a page may take to show what a step waits for
 TEMPORAL_UI = "http://127.0.0.1:8233"
+# A check may find an element of the page being replaced: it is read again, not failed on.
+NOT_YET = (NoSuchElementException, StaleElementReferenceException)
 
 
 class Browser:
@@ -74,15 +78,31 @@ class Browser:
         return bool(await self.do(lambda driver: driver.find_elements(By.CSS_SELECTOR, css)))
 
     async def until(self, check: Callable[[WebDriver], Any], what: str) -> Any:
-        wait = WebDriverWait(self.driver, WAIT, poll_frequency=0.25)
+        wait = WebDriverWait(self.driver, WAIT, poll_frequency=0.25, ignored_exceptions=NOT_YET)
         return await self.do(lambda _: wait.until(check, f"waited {WAIT}s for {what}"))
 
     async def reload_until(self, path: str, check: Callable[[WebDriver], Any], what: str) -> Any:
         async def reloaded() -> Any:
             await self.open(path)
-            return await self.do(check)
+            try:
+                return await self.do(check)
+            except NOT_YET:
+                return None
 
         return await eventually(reloaded, what, timeout=WAIT, interval=0.5)
+
+    async def submit(self, css: str) -> None:
+        """Click the button at `css` and wait until the page it posts to has replaced this one
+        (the same address when the form answers with a redirect back)."""
+
+        def click(driver: WebDriver) -> None:
+            before = driver.find_element(By.TAG_NAME, "html")
+            driver.find_element(By.CSS_SELECTOR, css).click()
+            WebDriverWait(driver, WAIT).until(
+                expected_conditions.staleness_of(before), f"waited {WAIT}s for {css}'s answer"
+            )
+
+        await self.do(click)
 
     async def screenshot(self, name: str) -> None:
         def shoot(driver: WebDriver) -> None:
@@ -298,13 +318,13 @@ async def test_the_dashboard_in_a_browser_from_sign_in_to_a_keyboard_cancel(
             assert len(workers) == 2
             worker_id = await browser.do(lambda d: workers[0].get_attribute("data-worker"))
             drain = f'tr[data-worker="{worker_id}"] button'
-            await browser.do(lambda d: d.find_element(By.CSS_SELECTOR, drain).click())
+            await browser.submit(drain)
             await browser.until(
                 lambda d: d.find_element(By.CSS_SELECTOR, drain).text == "Undrain", "drained"
             )
             assert sqlite_records.get_worker(worker_id).draining
             await browser.screenshot("workers")
-            await browser.do(lambda d: d.find_element(By.CSS_SELECTOR, drain).click())
+            await browser.submit(drain)
             await browser.until(
                 lambda d: d.find_element(By.CSS_SELECTOR, drain).text == "Drain", "undrained"
             )
