@@ -5,8 +5,8 @@ Full: 1, 100 and 1000 concurrent jobs (observe rate likewise), 200 for throughpu
 failover jobs, 1000 agents heartbeating every 30 s for a minute against one API process. Quick
 (about three minutes): 1, 20 and 100; 50; 3 + 1; 1000 agents every 10 s for 20 s. A scenario
 that runs past its limit is reported as "timed out after Xs" and the bench moves on. While
-working on one number: `--only overhead --jobs 100` (the report then says "not measured" for the
-rest).
+working on one number: `--only overhead --jobs 100` or `--only heartbeats --agents 10000` (the
+report then says "not measured" for the rest).
 """
 
 from __future__ import annotations
@@ -186,10 +186,19 @@ def main(argv: list[str] | None = None) -> int:
         type=lambda text: tuple(int(n) for n in text.split(",")),
         help="comma-separated job counts for the overhead and observe scenarios, e.g. 1000",
     )
+    parser.add_argument(
+        "--agents",
+        type=int,
+        choices=range(1, 10_001),
+        metavar="N",
+        help="agents of the heartbeat scenario (1 to 10000), e.g. 10000",
+    )
     args = parser.parse_args(argv)
     sizes = QUICK if args.quick else FULL
     if args.jobs:
         sizes = replace(sizes, overhead=args.jobs, observe=args.jobs)
+    if args.agents:
+        sizes = replace(sizes, heartbeats=(args.agents, *sizes.heartbeats[1:]))
     # Terminated jobs (observe rate, timeouts) and heartbeat timeouts under load make the SDK
     # warn once per activity; expected, counted in the report, and they would bury it.
     logging.getLogger("temporalio").setLevel(logging.ERROR)

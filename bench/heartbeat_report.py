@@ -47,11 +47,11 @@ def section(run: HeartbeatRun | None) -> list[str]:
         return lines + ["Not measured.", ""]
     lines += [
         f"{run.agents} agents against `gpuprov api` in its own process (SQLite, loopback), the "
-        f"load from another process: each request on a new connection, as the agent's urllib "
-        f"makes it. Paced phases: every agent once per {run.interval:g} s for "
-        f"{run.seconds:g} s; unpaced: {run.unpaced.agents if run.unpaced else '-'} agents "
-        f"sending back to back for {run.burst_seconds:g} s. CPU is the API process's "
-        "(/proc/<pid>/stat) over each phase.",
+        "load from another process: on connections kept open between requests, as the agent "
+        "keeps them, or on a new connection per request, as it made them before. Paced phases: "
+        f"every agent once per {run.interval:g} s for {run.seconds:g} s; unpaced: "
+        f"{run.unpaced.agents if run.unpaced else '-'} agents sending back to back for "
+        f"{run.burst_seconds:g} s. CPU is the API process's (/proc/<pid>/stat) over each phase.",
         "",
     ]
     if run.error:
@@ -66,10 +66,13 @@ def section(run: HeartbeatRun | None) -> list[str]:
         "share of one core",
         "errors",
     ]
+    every = f"paced every {run.interval:g} s"
     rows = [
-        _row("GET /v1/health (the floor: uvicorn + FastAPI)", run.floor),
-        _row(f"heartbeats, paced every {run.interval:g} s", run.paced),
-        _row("heartbeats, unpaced", run.unpaced),
+        _row(f"GET /v1/health, new connections (the floor), {every}", run.floor),
+        _row(f"GET /v1/health, kept connections, {every}", run.floor_kept),
+        _row(f"heartbeats, new connections (before), {every}", run.paced_new_connections),
+        _row(f"heartbeats, kept connections, {every}", run.paced),
+        _row("heartbeats, kept connections, unpaced", run.unpaced),
     ]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(row) + " |" for row in rows] + [""]
@@ -77,8 +80,24 @@ def section(run: HeartbeatRun | None) -> list[str]:
     if paced and floor and paced.cpu_per_request and floor.cpu_per_request:
         ratio = paced.cpu_per_request / floor.cpu_per_request
         lines.append(
-            f"A heartbeat costs the API {_ms(paced.cpu_per_request)} ms of CPU: {ratio:.1f} x "
-            "the floor's request (its credential checked and one row written on top)."
+            f"A heartbeat costs the API {_ms(paced.cpu_per_request)} ms of CPU: {ratio:.2f} x "
+            "the floor's request (a health check on a new connection), its credential checked "
+            "and its row written in a batch's transaction."
+        )
+    before = run.paced_new_connections
+    if paced and before and paced.cpu_per_request and before.cpu_per_request:
+        lines.append(
+            f"On a new connection per heartbeat it cost {_ms(before.cpu_per_request)} ms "
+            f"({before.cpu_per_request / paced.cpu_per_request:.1f} x a kept connection's)."
+        )
+    if run.lost_workers is not None:
+        lines.append(
+            f"Workers the liveness sweep took for lost after the paced phase: {run.lost_workers}."
+        )
+    if run.api_peak_rss_mib is not None:
+        lines.append(
+            f"The API process's peak resident memory, every agent's connection open: "
+            f"{run.api_peak_rss_mib:.0f} MiB."
         )
     share, measured = default_share(run)
     if share is not None:

@@ -6,13 +6,18 @@
 - N workers are registered straight into that database beforehand, each with its credential
   (written to a 0600 file the load generator reads: never a command line).
 - The load is bench/heartbeat_load.py in another process, one run per phase:
-  1. floor: the same paced load on GET /v1/health (no credential, no database): what uvicorn
-     and FastAPI cost per request on this machine;
-  2. paced: every agent heartbeats once per interval, spread evenly;
-  3. unpaced: BURST_AGENTS agents, each sending its next heartbeat as soon as the last is
-     answered: the most heartbeats per second the one process holds.
+  1. floor: the same paced load on GET /v1/health (no credential, no database), each request
+     on a new connection: what uvicorn and FastAPI cost per request on this machine;
+  2. floor, kept connections: the same on connections kept open (what the agent does now);
+  3. heartbeats paced on new connections: every agent once per interval, each request on a
+     new connection (the agent before it kept its connection): the baseline;
+  4. heartbeats paced on kept connections: the same load as the agent makes it now; then the
+     liveness sweep's own query counts the workers it would take for lost (must be none);
+  5. unpaced: BURST_AGENTS agents on kept connections, each sending its next heartbeat as soon
+     as the last is answered: the most heartbeats per second the one process holds.
 - The API process's CPU time (utime + stime of /proc/<pid>/stat) is read before and after each
-  phase; the load generator's start-up falls in the phase but costs the API nothing.
+  phase; the load generator's start-up falls in the phase but costs the API nothing. Its
+  peak resident memory is read after phase 4, which held every agent's connection open.
 
 Nothing here asserts; tests/test_bench.py runs the smallest sizes.
 """
@@ -25,6 +30,7 @@ import os
 import sys
 import tempfile
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 
 import httpx
@@ -33,8 +39,9 @@ from bench.heartbeat_load import LoadRequest, LoadResult
 from gpuprov.cli.dev import free_port
 from gpuprov.engine.worker import open_records
 from gpuprov.store.credentials import issue_worker_credential
+from gpuprov.store.liveness import Liveness
 
-BURST_AGENTS = 50  # concurrent agents of the unpaced phase: enough to keep one process busy
+BURST_AGENTS = 500  # concurrent agents of the unpaced phase: enough to keep one process busy
 READY_TIMEOUT = 60.0
 
 
@@ -108,8 +115,12 @@ class HeartbeatRun:
     seconds: float  # each paced phase
     burst_seconds: float
     floor: Phase | None = None
-    paced: Phase | None = None
+    floor_kept: Phase | None = None
+    paced_new_connections: Phase | None = None
+    paced: Phase | None = None  # on kept connections, as the agent sends them
     unpaced: Phase | None = None
+    lost_workers: int | None = None  # taken for lost after the paced phase: must be 0
+    api_peak_rss_mib: float | None = None  # after the phases with every agent's connection open
     error: str | None = None
     phases: list[str] = field(default_factory=list)
 
@@ -121,6 +132,26 @@ def process_cpu(pid: int) -> float:
     except OSError:
         return 0.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_resident_mib(pid: int) -> float | None:
+    """VmHWM (peak resident memory) of a process in MiB (Linux; None elsewhere)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def count_lost(database_url: str, lost_after: float) -> int:
+    """What the liveness sweep would do now: the workers silent for longer than `lost_after`."""
+    records = open_records(database_url)
+    try:
+        return len(Liveness(records.db).mark_lost(timedelta(seconds=lost_after)))
+    finally:
+        records.db.dispose()
 
 
 def register_workers(database_url: str, agents: int, credentials_file: Path) -> None:
@@ -208,10 +239,16 @@ async def heartbeats(agents: int, interval: float, seconds: float, burst: float)
         try:
             await _api_ready(f"http://127.0.0.1:{port}", api)
             paced = {"port": port, "agents": agents, "interval": interval, "seconds": seconds}
-            run.floor = await _phase(api.pid, LoadRequest(method="GET", path="/v1/health", **paced))
-            run.paced = await _phase(
-                api.pid, LoadRequest(credentials_file=str(credentials), **paced)
+            health = {"method": "GET", "path": "/v1/health", **paced}
+            beats = {"credentials_file": str(credentials), **paced}
+            run.floor = await _phase(api.pid, LoadRequest(keep_alive=False, **health))
+            run.floor_kept = await _phase(api.pid, LoadRequest(**health))
+            run.paced_new_connections = await _phase(
+                api.pid, LoadRequest(keep_alive=False, **beats)
             )
+            run.paced = await _phase(api.pid, LoadRequest(**beats))
+            run.api_peak_rss_mib = peak_resident_mib(api.pid)
+            run.lost_workers = await asyncio.to_thread(count_lost, database_url, 3 * interval)
             run.unpaced = await _phase(
                 api.pid,
                 LoadRequest(

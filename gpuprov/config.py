@@ -319,6 +319,9 @@ class ReconcileSettings(Model):
     grace_seconds: float = Field(default=600.0, ge=0, le=MAX_TTL_SECONDS)
 
 
+KEEP_ALIVE_MARGIN = 15.0  # seconds past one heartbeat interval
+
+
 class WorkersSettings(Model):
     """Worker liveness (gpuprov/store/liveness.py): how often agents heartbeat (the API tells them),
     when a silent one is lost, and how often the `gpuprov-liveness` Schedule sweeps."""
@@ -349,6 +352,13 @@ class WorkersSettings(Model):
     def lease(self) -> float:
         """The lease each heartbeat grants, in seconds."""
         return self.lease_seconds if self.lease_seconds is not None else self.lost_after_seconds
+
+    @property
+    def keep_alive(self) -> float:
+        """How long the API keeps an agent's idle connection open, in seconds: one heartbeat
+        interval and a margin, so every heartbeat goes over the connection the last one used
+        (a new TCP connection per heartbeat cost the API more than the heartbeat itself)."""
+        return self.heartbeat_interval_seconds + KEEP_ALIVE_MARGIN
 
 
 class MetricsSettings(Model):

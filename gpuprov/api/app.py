@@ -73,6 +73,7 @@ from gpuprov.api import work as api_work
 from gpuprov.api import workers as api_workers
 from gpuprov.api.auth import AuthFailures
 from gpuprov.api.dashboard import routes as api_dashboard
+from gpuprov.api.heartbeats import HeartbeatPath
 from gpuprov.api.work import TemporalSource
 from gpuprov.api.work_secrets import WorkSecrets
 from gpuprov.config import ConfigError, JobsSettings, WorkersSettings
@@ -233,6 +234,7 @@ def create_app(
         title="gpuprov control plane", version="1", docs_url=None, redoc_url=None, openapi_url=None
     )
     app.add_middleware(BodyLimit, timeout=body_timeout)
+    app.add_middleware(HeartbeatPath)  # outside BodyLimit: what it passes on is limited there
     for unavailable in DATABASE_UNAVAILABLE:
         app.add_exception_handler(unavailable, _database_unavailable)
     app.state.records = records
@@ -362,6 +364,9 @@ def _log_disagreeing_claims(claims: IdentityClaims | None, record: dict[str, Any
             )
 
 
+KEEP_ALIVE_SECONDS = 5.0  # uvicorn's own default, for apps other than the API
+
+
 class CannotListen(ConfigError):
     """The configured host and port cannot be listened on (in use, not an address here, ...)."""
 
@@ -431,9 +436,12 @@ async def serving(
     tls_cert_file: str | None = None,
     tls_key_file: str | None = None,
     head_timeout: float = HEAD_TIMEOUT_SECONDS,
+    keep_alive_seconds: float = KEEP_ALIVE_SECONDS,
 ) -> AsyncIterator[uvicorn.Server]:
     """Run the API with uvicorn inside the current event loop until the block exits; HTTPS
-    with a certificate and key (checked first: a wrong one is a ConfigError naming it)."""
+    with a certificate and key (checked first: a wrong one is a ConfigError naming it). An idle
+    connection is kept `keep_alive_seconds` for the client's next request (the API's: the
+    workers' `keep_alive`, past one heartbeat interval)."""
     if tls_cert_file is not None and tls_key_file is not None:
         pem.check_files("api.tls_cert_file", tls_cert_file, "api.tls_key_file", tls_key_file)
     listener = _listen(host, port)
@@ -449,6 +457,7 @@ async def serving(
         ssl_certfile=tls_cert_file,
         ssl_keyfile=tls_key_file,
         http=functools.partial(HeadTimeoutProtocol, head_timeout=head_timeout),
+        timeout_keep_alive=keep_alive_seconds,
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve(sockets=[listener]))

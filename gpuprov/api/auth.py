@@ -84,7 +84,7 @@ _operator_key = HTTPBearer(
     description="An operator API key (gpuprov apikey create): `Bearer gpo_...`",
     auto_error=False,
 )
-_worker_credential = HTTPBearer(
+worker_credential = HTTPBearer(
     scheme_name="WorkerCredential",
     description="The credential a worker's registration returned: `Bearer gpw_...`",
     auto_error=False,
@@ -206,7 +206,7 @@ async def require_operator(
 async def require_worker(
     request: Request,
     throttle: Annotated[Guard, Depends(guard)],
-    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(_worker_credential)],
+    bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(worker_credential)],
 ) -> WorkerRecord:
     """The calling worker, by its credential; 401 without a live one (a revoked worker's too;
     429 while throttled)."""

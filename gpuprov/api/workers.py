@@ -12,8 +12,9 @@ region, registered and last updated, one line of capabilities (GPUs, driver, CPU
 runtime verdict), and its liveness (alive/lost, last seen, heartbeats, health, draining). Never a
 token or a credential.
 
-A heartbeat is one database write (gpuprov/store/liveness.py), and for a reserved or busy worker one
-read of its current work; the API talks to Temporal for it only when it changed what the job
+A heartbeat (gpuprov/api/heartbeats.py: most are answered by its lean path before this route)
+is one row write in a batch's transaction (gpuprov/store/liveness.py), and for a reserved or busy
+worker one read of its current work; the API talks to Temporal for it only when it changed what the job
 acts on (the worker's health verdict, or the cloud's notice about its machine: a reclaim must
 start the replacement at once, not at the next sweep). It answers how long to wait for the
 next one (`[workers] heartbeat_interval_seconds`), the node's lease (`[workers] lease_seconds`:
@@ -30,53 +31,35 @@ import asyncio
 from datetime import timedelta
 from typing import Annotated
 
-from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request
-from pydantic import Field, ValidationError
+from fastapi import Depends, FastAPI, HTTPException, Path, Query, Request, Response
+from fastapi.security import HTTPAuthorizationCredentials
+from pydantic import ValidationError
 
 from gpuprov.api.auth import (
     BODY_REFUSALS,
     REFUSALS,
     ROLE_REFUSALS,
     Caller,
+    Guard,
     require_admin,
     require_viewer,
     require_worker,
+    worker_credential,
 )
+from gpuprov.api.heartbeats import HeartbeatRequest, HeartbeatResponse, Heartbeats
 from gpuprov.api.scope import check_job, worker_visible
 from gpuprov.config import JobsSettings, WorkersSettings
 from gpuprov.models import (
-    NodeNotice,
     WorkerCapabilities,
     WorkerList,
     WorkerSummary,
     capabilities_text,
 )
 from gpuprov.store.db import WORKER_STATES, WorkerRecord
-from gpuprov.store.liveness import MAX_DETAIL, Liveness
+from gpuprov.store.liveness import Liveness
 from gpuprov.store.records import Records
-from providers.base import Model
 
 _STATES = "^(" + "|".join(WORKER_STATES) + ")$"
-
-
-class HeartbeatRequest(Model):
-    """The node's fresh GPU verdict (the registration probe plus `nvidia-smi -q`) and the
-    cloud's notice about its machine, if its agent watches one and the cloud gave one."""
-
-    healthy: bool
-    detail: str | None = Field(default=None, max_length=MAX_DETAIL)
-    notice: NodeNotice | None = None
-
-
-class HeartbeatResponse(Model):
-    interval_seconds: float  # when to send the next one
-    # The node's lease, counted from when it sent this heartbeat: with no answer for this
-    # long, it stops its work (SIGTERM, grace, SIGKILL) and reports the end when it can.
-    lease_seconds: float
-    draining: bool
-    state: str  # idle / reserved / busy
-    work_id: str | None = None  # the worker's current work (GET /v1/work says what it is)
-    stop_requested: bool = False  # that work is to stop: SIGTERM, grace, SIGKILL, report
 
 
 WorkerId = Annotated[str, Path(min_length=1, max_length=64)]
@@ -134,36 +117,35 @@ def add_routes(app: FastAPI, settings: WorkersSettings, jobs: JobsSettings) -> N
     # The node keeps its work for at most its lease and then the stop grace period.
     holds_work_for = timedelta(seconds=settings.lease + jobs.stop_grace_seconds)
 
-    @app.post("/v1/workers/heartbeat", responses={**REFUSALS, **BODY_REFUSALS})
+    heartbeats = Heartbeats(
+        app.state.liveness,
+        app.state.waker,
+        interval_seconds=settings.heartbeat_interval_seconds,
+        lease_seconds=settings.lease,
+        holds_work_for=holds_work_for,
+    )
+    app.state.heartbeats = heartbeats  # HeartbeatPath answers most heartbeats before the route
+
+    # Every node sends one of these every interval: the route takes no more than it needs (no
+    # dependency that reads the database; the credential is checked in the batch's write).
+    @app.post(
+        "/v1/workers/heartbeat",
+        responses={**REFUSALS, **BODY_REFUSALS},
+        response_model=HeartbeatResponse,
+    )
     async def heartbeat(
         body: HeartbeatRequest,
-        worker: Annotated[WorkerRecord, Depends(require_worker)],
-        liveness: Annotated[Liveness, Depends(_liveness)],
+        bearer: Annotated[HTTPAuthorizationCredentials | None, Depends(worker_credential)],
         request: Request,
-    ) -> HeartbeatResponse:
-        notice = body.notice.model_dump(mode="json") if body.notice is not None else None
-        beat = await asyncio.to_thread(
-            liveness.heartbeat,
-            worker.id,
-            healthy=body.healthy,
-            detail=body.detail,
-            holds_work_for=holds_work_for,
-            notice=notice,
-        )
-        if beat is None:  # revoked between the credential check and the write
-            raise HTTPException(
-                401, "unknown or revoked worker credential", headers={"WWW-Authenticate": "Bearer"}
+    ) -> Response:
+        if bearer is None:
+            raise Guard(request).refused(
+                None, "a worker credential is required (Authorization: Bearer gpw_...)"
             )
-        if beat.changed and worker.job and beat.at is not None:  # what its job acts on now
-            await request.app.state.waker.tell(worker.id, worker.job, beat.at)
-        return HeartbeatResponse(
-            interval_seconds=settings.heartbeat_interval_seconds,
-            lease_seconds=settings.lease,
-            draining=beat.draining,
-            state=beat.state,
-            work_id=beat.work_id,
-            stop_requested=beat.stop_requested,
-        )
+        answer = await heartbeats.record(bearer.credentials, body)
+        if answer is None:  # unknown or revoked: nothing was written
+            raise Guard(request).refused(bearer.credentials, "unknown or revoked worker credential")
+        return Response(answer.model_dump_json(), media_type="application/json")
 
     for action, draining in (("drain", True), ("undrain", False)):
         _add_drain(app, action, draining)

@@ -115,7 +115,10 @@ async def dev_stack(
                 temporal_ui_url=settings.api.temporal_ui_url or f"http://127.0.0.1:{ui_port}",
                 namespace=settings.temporal.namespace,
             )
-            await stack.enter_async_context(serving(app, api.host, api.port))
+            keep_alive = settings.workers.keep_alive
+            await stack.enter_async_context(
+                serving(app, api.host, api.port, keep_alive_seconds=keep_alive)
+            )
             yield DevStack(
                 client=env.client,
                 address=f"127.0.0.1:{port}",

@@ -4,6 +4,8 @@ database answers."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import resource
 import sys
 
 from gpuprov.api.app import create_app, serving
@@ -12,6 +14,14 @@ from gpuprov.config import Settings
 from gpuprov.engine.worker import open_records_patiently
 from gpuprov.sdk.connection import connect_temporal
 from gpuprov.store.secrets import Vault
+
+
+def open_files_for_every_node() -> None:
+    """Raise this process's open-file limit to the most it may have: every node keeps a
+    connection open (Linux's usual soft limit, 1024, would refuse the 1025th node)."""
+    with contextlib.suppress(ValueError, OSError):
+        _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def add_parser(commands: Commands) -> None:
@@ -43,7 +53,9 @@ async def _api(settings: Settings, args: argparse.Namespace) -> int:
         )
         api = settings.api
         tls = {"tls_cert_file": api.tls_cert_file, "tls_key_file": api.tls_key_file}
-        async with serving(app, api.host, api.port, **tls):
+        keep_alive = settings.workers.keep_alive
+        open_files_for_every_node()
+        async with serving(app, api.host, api.port, keep_alive_seconds=keep_alive, **tls):
             scheme = "https" if api.https else "http"
             print(f"control-plane API at {scheme}://{api.host}:{api.port}")
             print(f"nodes are told to use {settings.api.url}. Ctrl-C stops.")

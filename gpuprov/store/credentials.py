@@ -101,6 +101,31 @@ def delete_worker_credentials(session: Session, worker_id: str) -> None:
     session.exec(sa.delete(WorkerCredential).where(col(WorkerCredential.worker_id) == worker_id))
 
 
+_WORKER_OF_CREDENTIAL = (
+    sa.select(WorkerCredential.secret_sha256, WorkerCredential.revoked_at, WorkerRecord.id)
+    .join(WorkerRecord, col(WorkerRecord.id) == col(WorkerCredential.worker_id))
+    .where(
+        col(WorkerCredential.id) == sa.bindparam("credential_id", type_=sa.String()),
+        col(WorkerRecord.state) != "revoked",
+    )
+)
+
+
+def live_worker_id(connection: sa.Connection, presented: str) -> str | None:
+    """In the caller's transaction (plain Core: a batch of heartbeats checks one each): the id
+    of the live worker whose live credential `presented` is, else None."""
+    credential_id = _parse(presented, WORKER_PREFIX)
+    if credential_id is None:
+        return None
+    found = connection.execute(_WORKER_OF_CREDENTIAL, {"credential_id": credential_id}).first()
+    if found is None:
+        return None
+    secret_sha256, revoked_at, worker_id = found
+    if not hmac.compare_digest(secret_sha256, sha256(presented)) or revoked_at is not None:
+        return None
+    return worker_id
+
+
 class Credentials:
     """Reads and writes of operator_keys and worker_credentials; each call its own transaction.
     Authentication reads only: a refused secret changes nothing."""

@@ -1,9 +1,11 @@
 """Reads and writes of the workers' liveness columns: heartbeats, lost workers, drains, removals,
 and which jobs must be woken because one of their workers changed.
 
-    heartbeat(worker, healthy, ...)     the API, per agent heartbeat: one UPDATE ... RETURNING
-                                        (liveness, health, lease, the cloud's notice), and for a
-                                        reserved or busy worker its current work
+    heartbeat(worker, healthy, ...)     one heartbeat: one UPDATE ... RETURNING (liveness,
+                                        health, lease, the cloud's notice), and for a reserved
+                                        or busy worker its current work
+    heartbeats([Heartbeat, ...])        the API: a batch of agents' heartbeats, each checked by
+                                        its credential, in one transaction (one commit)
     changed(worker)                     the API, when the worker's work moved on (started, ended)
     mark_lost(lost_after)               the sweep: alive workers silent for too long -> lost
     pending(limit) / notified(...)      the sweep: workers whose change their job was not told
@@ -26,6 +28,7 @@ UPDATEs in the database. Returned rows are detached.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -34,7 +37,7 @@ import sqlalchemy as sa
 from sqlmodel import col, select
 
 from gpuprov.models import WorkState
-from gpuprov.store.credentials import revoke_worker_credentials
+from gpuprov.store.credentials import live_worker_id, revoke_worker_credentials
 from gpuprov.store.db import Database, UtcDateTime, WorkerRecord, WorkRecord, utcnow
 from gpuprov.store.work import NEWEST_FIRST, current_work
 
@@ -52,6 +55,19 @@ class Beat:
     at: datetime | None = None  # when it was recorded (its `changed_at`, if it changed)
     work_id: str | None = None
     stop_requested: bool = False
+    worker_id: str | None = None
+    job: str | None = None  # the worker's job, if it has one
+
+
+@dataclass(frozen=True)
+class Heartbeat:
+    """One agent's heartbeat as it came in: its credential as presented (checked in the batch's
+    transaction, never kept) and what it reported."""
+
+    credential: str
+    healthy: bool
+    detail: str | None = None
+    notice: dict[str, Any] | None = None
 
 
 # Only a reserved or busy worker can have work: an idle one's heartbeat reads no more.
@@ -96,7 +112,9 @@ def _heartbeat_statement() -> sa.Update:
             # Every SET expression reads the row as it was before this UPDATE.
             changed_at=sa.case((changes, now), else_=WorkerRecord.changed_at),
         )
-        .returning(WorkerRecord.state, WorkerRecord.draining, WorkerRecord.changed_at)
+        .returning(
+            WorkerRecord.state, WorkerRecord.draining, WorkerRecord.changed_at, WorkerRecord.job
+        )
     )
 
 
@@ -132,6 +150,51 @@ class Liveness:
         it is granted and the stop grace period: None, no lease). None when the worker is
         revoked (or unknown): nothing is written then, so a revoked worker's lease is final."""
         now = now or utcnow()
+        with self.db.engine.begin() as connection:  # plain statements: no ORM session needed
+            return self._beat(connection, worker_id, healthy, detail, holds_work_for, notice, now)
+
+    def heartbeats(
+        self,
+        beats: Sequence[Heartbeat],
+        *,
+        holds_work_for: timedelta | None = None,
+        now: datetime | None = None,
+    ) -> list[Beat | None]:
+        """Record a batch of heartbeats, as `heartbeat` each, in one transaction: one commit
+        for the batch, so its cost is shared. Each is first checked by its credential (None for
+        a credential that is unknown, revoked, or of a revoked worker: nothing is written for
+        it). Nothing is acknowledged before the commit: a batch that fails fails every beat in
+        it, and a worker is never taken for alive on a heartbeat that was not recorded."""
+        now = now or utcnow()
+        answers: list[Beat | None] = []
+        with self.db.engine.begin() as connection:
+            for beat in beats:
+                worker_id = live_worker_id(connection, beat.credential)
+                answers.append(
+                    None
+                    if worker_id is None
+                    else self._beat(
+                        connection,
+                        worker_id,
+                        beat.healthy,
+                        beat.detail,
+                        holds_work_for,
+                        beat.notice,
+                        now,
+                    )
+                )
+        return answers
+
+    def _beat(
+        self,
+        connection: sa.Connection,
+        worker_id: str,
+        healthy: bool,
+        detail: str | None,
+        holds_work_for: timedelta | None,
+        notice: dict[str, Any] | None,
+        now: datetime,
+    ) -> Beat | None:
         values = {
             "worker_id": worker_id,
             "now": now,
@@ -140,14 +203,13 @@ class Liveness:
             "work_ends_by": now + holds_work_for if holds_work_for is not None else None,
             "notice": json.dumps(notice, sort_keys=True) if notice else None,
         }
-        with self.db.engine.begin() as connection:  # plain statements: no ORM session needed
-            row = connection.execute(self._heartbeat, values).first()
-            if row is None:
-                return None
-            state, draining, changed_at = row
-            work = None
-            if state in WITH_WORK:
-                work = connection.execute(self._current_work, {"worker_id": worker_id}).first()
+        row = connection.execute(self._heartbeat, values).first()
+        if row is None:
+            return None
+        state, draining, changed_at, job = row
+        work = None
+        if state in WITH_WORK:
+            work = connection.execute(self._current_work, {"worker_id": worker_id}).first()
         return Beat(
             state=state,
             draining=bool(draining),
@@ -155,6 +217,8 @@ class Liveness:
             at=now,
             work_id=work[0] if work else None,
             stop_requested=bool(work) and work[1] == WorkState.STOP_REQUESTED.value,
+            worker_id=worker_id,
+            job=job,
         )
 
     def changed(self, worker_id: str, now: datetime | None = None) -> tuple[str, datetime] | None:

@@ -99,9 +99,11 @@ async def register_worker(api: httpx.AsyncClient, records: Records, *, managed: 
 
 async def test_every_endpoint_declares_who_may_call_it(app: FastAPI, api: httpx.AsyncClient):
     operator = routes(app, auth.require_operator)
-    worker = routes(app, auth.require_worker)
+    worker = routes(app, auth.worker_credential)
     dashboard = routes(app, signed_in)
-    throttled = routes(app, auth.guard)
+    # The heartbeat checks its credential in its batch's write and is throttled by the same
+    # Guard when refused (test_an_address_that_keeps_getting_keys_wrong_gets_429_...).
+    throttled = routes(app, auth.guard) + [("POST", "/v1/workers/heartbeat")]
     every = sorted(
         (method, route.path)
         for route in app.routes
@@ -283,6 +285,9 @@ async def test_an_address_that_keeps_getting_keys_wrong_gets_429_and_a_good_key_
     assert throttled.headers["retry-after"] == "50"
     assert (await api.get("/v1/workers/me", headers=bearer("nope"))).status_code == 429
     assert (await api.get("/v1/workers/me")).status_code == 429  # no credential at all
+    for refused in ({}, bearer("nope"), bearer("gpw_" + "0" * 32 + "_" + "x" * 43)):
+        beat = await api.post("/v1/workers/heartbeat", json={"healthy": True}, headers=refused)
+        assert beat.status_code == 429, beat.text
     assert snapshot(records) == before
 
     # The address is throttled; the right key and a live worker credential are not.

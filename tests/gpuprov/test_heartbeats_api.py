@@ -3,6 +3,8 @@ transport), on SQLite and PostgreSQL. A refused call leaves every table as it wa
 
 from __future__ import annotations
 
+import asyncio
+
 import httpx
 import pytest
 from fastapi import FastAPI
@@ -139,3 +141,61 @@ async def test_operator_actions_on_an_unknown_worker_are_404_and_change_nothing(
         response = await api.request(method, path, headers=operator)
         assert response.status_code == 404, (path, response.text)
     assert snapshot(records) == before
+
+
+async def test_heartbeats_that_come_together_share_a_batch_and_a_revoked_one_is_refused_alone(
+    app: FastAPI,
+    api: httpx.AsyncClient,
+    records: Records,
+    operator: dict[str, str],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    workers = [await register_worker(api, records, managed=False) for _ in range(4)]
+    gone = workers.pop()
+    assert (await api.delete(f"/v1/workers/{gone['worker_id']}", headers=operator)).is_success
+    batched: list[int] = []
+    liveness = app.state.liveness
+    record_batch = liveness.heartbeats
+
+    def counted(beats, **kwargs):  # the real write, its batch sizes noted
+        batched.append(len(beats))
+        return record_batch(beats, **kwargs)
+
+    monkeypatch.setattr(liveness, "heartbeats", counted)
+    answers = await asyncio.gather(
+        *(
+            api.post(HEARTBEAT, json={"healthy": True}, headers=bearer(w["credential"]))
+            for w in [*workers, gone]
+        )
+    )
+    assert [answer.status_code for answer in answers] == [200, 200, 200, 401]
+    assert batched[0] == 4  # all four in one transaction; the refused one again via the route
+    for worker in workers:
+        row = records.get_worker(worker["worker_id"])
+        assert row is not None and row.heartbeats == 1 and row.liveness == "alive"
+    row = records.get_worker(gone["worker_id"])
+    assert row is not None and row.heartbeats == 0
+
+
+async def test_the_fast_path_and_the_route_answer_a_heartbeat_alike(
+    api: httpx.AsyncClient, records: Records
+):
+    worker = await register_worker(api, records, managed=True)
+    credential = bearer(worker["credential"]) | {"Content-Type": "application/json"}
+    body = b'{"healthy": true, "detail": null}'
+
+    fast = await api.post(HEARTBEAT, content=body, headers=credential)
+
+    async def chunked():  # no Content-Length: the framework's route answers it
+        yield body
+
+    routed = await api.post(HEARTBEAT, content=chunked(), headers=credential)
+    assert (fast.status_code, routed.status_code) == (200, 200), routed.text
+    assert fast.json() == routed.json()
+    assert fast.headers["content-type"] == routed.headers["content-type"] == "application/json"
+    row = records.get_worker(worker["worker_id"])
+    assert row is not None and row.heartbeats == 2
+    # What the fast path does not take, the route refuses as it refuses any request.
+    bad = await api.post(HEARTBEAT, json={"healthy": "maybe"}, headers=credential)
+    assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "healthy"]
+    assert (await api.post(HEARTBEAT, json={"healthy": True})).status_code == 401
