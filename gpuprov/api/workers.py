@@ -12,17 +12,17 @@ region, registered and last updated, one line of capabilities (GPUs, driver, CPU
 runtime verdict), and its liveness (alive/lost, last seen, heartbeats, health, draining). Never a
 token or a credential.
 
-A heartbeat (gpuprov/api/heartbeats.py: most are answered by its lean path before this route)
-is one row write in a batch's transaction (gpuprov/store/liveness.py), and for a reserved or busy
-worker one read of its current work; the API talks to Temporal for it only when it changed what the job
-acts on (the worker's health verdict, or the cloud's notice about its machine: a reclaim must
-start the replacement at once, not at the next sweep). It answers how long to wait for the
+A heartbeat (gpuprov/api/heartbeats.py: most are answered by its lean path before this route) is
+one row write in a batch's transaction (gpuprov/store/liveness.py), and for a reserved or busy
+worker one read of its current work; the API talks to Temporal for it only when it changed what
+the job acts on (the worker's health verdict, or the cloud's notice about its machine: a reclaim
+must start the replacement at once, not at the next sweep). It answers how long to wait for the
 next one (`[workers] heartbeat_interval_seconds`), the node's lease (`[workers] lease_seconds`:
 a node that hears no answer for that long stops its work), whether the worker is draining, and
 its current work's id and whether that work is to stop, so a stop reaches the node within one
-interval. Each heartbeat records until when the node may still run work if it hears nothing
-more (`work_ends_by`: now, the lease, the stop grace period); a new attempt's work waits for
-it. A revoked worker's heartbeat is refused (401) by its credential, with nothing written.
+interval. Each heartbeat records until when the node may still run work if it hears nothing more
+(`work_ends_by`: now, the lease, the stop grace period); a new attempt's work waits for it. A
+revoked worker's heartbeat is refused (401) by its credential, with nothing written.
 """
 
 from __future__ import annotations
