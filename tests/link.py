@@ -1,8 +1,10 @@
 """`Link`: a TCP proxy on loopback between node agents and the API that a test can degrade.
 
-Each connection carries one HTTP request (the agent's urllib opens one per call). The proxy
-reads the request's head, then either passes the connection through to the API or drops it
-(closes it unanswered, as a cut cable or a lost packet looks to the agent):
+Each connection carries one HTTP request: the agent keeps its connections open between calls,
+but the link asks the API to close each after its answer (`Connection: close`), so every
+request meets the link afresh. The proxy reads the request's head, then either passes the
+connection through to the API or drops it (closes it unanswered, as a cut cable or a lost
+packet looks to the agent):
 - `cut()`: every credential seen so far (`Authorization: Bearer ...`) is cut off for good,
   while new ones (a replacement node registering, then heartbeating) pass: one partitioned
   node among healthy ones;
@@ -26,6 +28,12 @@ from gpuprov.cli.dev import free_port
 
 MAX_HEAD = 64 * 1024
 _BEARER = re.compile(rb"^authorization:\s*bearer\s+(\S+)", re.I | re.M)
+_CONNECTION = re.compile(rb"^connection:[^\r\n]*\r\n", re.I | re.M)
+
+
+def one_request_only(head: bytes) -> bytes:
+    """`head` asking for the connection to be closed after its answer."""
+    return _CONNECTION.sub(b"", head)[:-2] + b"Connection: close\r\n\r\n"
 
 
 class Link:
@@ -107,7 +115,7 @@ class Link:
         self.passed += 1
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         try:
-            up_writer.write(head)
+            up_writer.write(one_request_only(head))
             await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
         finally:
             up_writer.close()

@@ -15,6 +15,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from .connections import KeptConnections
 from .credentials import (
     NODE_FILE,
     default_state_dir,
@@ -91,6 +92,7 @@ def heartbeat_forever(
     registered: list,
     probe: ProbeOptions,
     runner: WorkRunner | None = None,
+    connections: KeptConnections | None = None,
 ) -> int:
     """Heartbeat with a fresh verdict at the interval the API answers, until the credential is
     refused (exit status 0; work still running is stopped first). Every other failure is
@@ -117,6 +119,7 @@ def heartbeat_forever(
                 tries=1,
                 what="heartbeat",
                 timeout=min(HTTP_TIMEOUT, max(interval, 5.0)),
+                connections=connections,
             )
         except AgentError as error:
             if error.status == 401:
@@ -168,10 +171,11 @@ def run(args: argparse.Namespace) -> int:
     credential = read_credential(state_dir)
     registered = read_node(state_dir).get("gpus") or []
     api_url = url
+    connections = KeptConnections()  # one open connection per thread: heartbeats, work, lease
 
     def call(path: str, body: dict | None, what: str, timeout: float = WORK_HTTP_TIMEOUT) -> dict:
         return call_api(api_url, path, body, credential, args.ca_file, tries=1, what=what,
-                        timeout=timeout)  # fmt: skip
+                        timeout=timeout, connections=connections)  # fmt: skip
 
     runner = WorkRunner(call, state_dir)
     threading.Thread(target=runner.loop, name="work", daemon=True).start()
@@ -186,4 +190,4 @@ def run(args: argparse.Namespace) -> int:
         watching.start()
         log.info("watching %s's notices about this machine", source)
     log.info("heartbeating to %s", masked_url(url))
-    return heartbeat_forever(url, credential, args.ca_file, registered, probe, runner)
+    return heartbeat_forever(url, credential, args.ca_file, registered, probe, runner, connections)

@@ -1,23 +1,22 @@
-"""The agent's HTTP client for the control plane (urllib): JSON in and out, the worker
-credential as a Bearer token, `--ca-file` pinning the API's CA over HTTPS, 4xx final, 5xx, 429
-and connection errors retried with backoff (never sooner than Retry-After); no secret, and no
-password in a URL, in any message. `register` exchanges the join token for the credential.
+"""The agent's HTTP client for the control plane (http.client, on connections kept open
+between calls: connections.py): JSON in and out, the worker credential as a Bearer token,
+`--ca-file` pinning the API's CA over HTTPS, 4xx final, 5xx, 429 and connection errors retried
+with backoff (never sooner than Retry-After); no secret, and no password in a URL, in any
+message. `register` exchanges the join token for the credential.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import random
 import ssl
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+from .connections import KeptConnections
 from .errors import AgentError
 
 log = logging.getLogger(__name__)
@@ -45,19 +44,11 @@ def _server_message(body: bytes) -> str:
     return str(detail)[:500]
 
 
-def _context(url: str, ca_file: str | None) -> ssl.SSLContext | None:
-    """The TLS context for an https URL: only `ca_file`'s CAs when given, else the system's."""
-    if not url.startswith("https://"):
-        return None
-    try:
-        return ssl.create_default_context(cafile=ca_file)
-    except (OSError, ssl.SSLError) as error:
-        raise AgentError(f"cannot use --ca-file {ca_file}: {error}") from None
-
-
 def _untrusted(error: OSError) -> ssl.SSLCertVerificationError | None:
-    """The certificate failure inside urllib's error, if that is what it is."""
-    reason = getattr(error, "reason", error)
+    """The certificate failure, if that is what `error` is (or wraps)."""
+    if isinstance(error, ssl.SSLCertVerificationError):
+        return error
+    reason = getattr(error, "reason", None)
     return reason if isinstance(reason, ssl.SSLCertVerificationError) else None
 
 
@@ -77,6 +68,15 @@ def _has_credentials(url: str) -> bool:
         return parts.username is not None or parts.password is not None
     except ValueError:
         return "@" in url.partition("//")[2].partition("/")[0]
+
+
+def _has_host(url: str) -> bool:
+    """A host and, if any, a port that is a number: what a connection can be opened to."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        return bool(parts.hostname) and (parts.port is None or parts.port > 0)
+    except ValueError:
+        return False
 
 
 def masked_url(url: str) -> str:
@@ -99,9 +99,11 @@ def call_api(
     secret: str | None = None,
     what: str | None = None,
     timeout: float = HTTP_TIMEOUT,
+    connections: KeptConnections | None = None,
 ) -> dict:
     """POST `body` (GET without one) to {api_url}{path}; the response JSON on 2xx. Messages
-    call the request `what` (default: the path); `timeout` bounds each attempt.
+    call the request `what` (default: the path); `timeout` bounds each attempt. On
+    `connections` the connection stays open for the next call; without, it is closed.
 
     A 4xx is final: AgentError with the server's message and `status`; so is a certificate
     that does not verify. 5xx, 429 and connection errors are retried with exponential backoff
@@ -117,44 +119,48 @@ def call_api(
             f"bad API URL {masked_url(api_url)!r}: credentials (user:password@) do not belong "
             "in it; the API takes none there"
         )
-    context = _context(url, ca_file)
+    if not _has_host(url):
+        raise AgentError(f"bad API URL {masked_url(api_url)!r}: expected http(s)://host:port")
     headers = {"Content-Type": "application/json"} if body is not None else {}
     if credential is not None:
         headers["Authorization"] = f"Bearer {credential}"
     data = json.dumps(body).encode() if body is not None else None
     hidden = {value: name for value, name in ((secret, "<token>"), (credential, "<credential>"))}
     tries, problem, wait = max(tries, 1), "", None
-    for attempt in range(1, tries + 1):
-        request = urllib.request.Request(
-            url, data=data, method="POST" if data is not None else "GET", headers=headers
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout, context=context) as answer:
-                content = answer.read()
-                return json.loads(content) if content.strip() else {}  # 204: nothing
-        except urllib.error.HTTPError as error:
-            message = "(no body)"
-            with contextlib.suppress(OSError):
-                message = _hide(_server_message(error.read()), hidden)
-            if error.code < 500 and error.code != 429:  # 429: too busy for us now
-                refusal = f"{what or path} refused ({error.code}): {message}"
-                raise AgentError(refusal, error.code) from None
-            problem = f"HTTP {error.code}: {message}"
-            wait = retry_after(error.headers.get("Retry-After")) if error.headers else None
-        except ValueError as error:  # a 200 whose body is not JSON
-            raise AgentError(f"unreadable response from {url}: {error}") from None
-        except OSError as error:  # URLError, refused, reset, timed out, TLS
-            untrusted = _untrusted(error)
-            if untrusted is not None:
-                raise AgentError(
-                    f"the API's certificate at {url} is not trusted "
-                    f"({untrusted.verify_message}): pass --ca-file with the CA that signed it"
-                ) from None
-            problem, wait = f"cannot reach {url}: {getattr(error, 'reason', error)}", None
-        if attempt < tries:
-            delay = max(min(pause * 2 ** (attempt - 1), MAX_PAUSE), wait or 0.0)
-            log.warning("attempt %d/%d: %s; retrying in %.1fs", attempt, tries, problem, delay)
-            time.sleep(delay)
+    single_use = connections is None
+    kept = KeptConnections() if connections is None else connections
+    method = "POST" if data is not None else "GET"
+    try:
+        for attempt in range(1, tries + 1):
+            try:
+                answer = kept.request(method, url, data, headers, timeout, ca_file)
+            except OSError as error:  # refused, reset, timed out, cut mid-answer, TLS
+                untrusted = _untrusted(error)
+                if untrusted is not None:
+                    raise AgentError(
+                        f"the API's certificate at {url} is not trusted "
+                        f"({untrusted.verify_message}): pass --ca-file with the CA that signed it"
+                    ) from None
+                problem, wait = f"cannot reach {url}: {getattr(error, 'reason', error)}", None
+            else:
+                if 200 <= answer.status < 300:
+                    try:
+                        return json.loads(answer.body) if answer.body.strip() else {}  # 204
+                    except ValueError as error:  # a 200 whose body is not JSON
+                        raise AgentError(f"unreadable response from {url}: {error}") from None
+                message = _hide(_server_message(answer.body), hidden)
+                if answer.status < 500 and answer.status != 429:  # 429: too busy for us now
+                    refusal = f"{what or path} refused ({answer.status}): {message}"
+                    raise AgentError(refusal, answer.status) from None
+                problem = f"HTTP {answer.status}: {message}"
+                wait = retry_after(answer.headers.get("Retry-After"))
+            if attempt < tries:
+                delay = max(min(pause * 2 ** (attempt - 1), MAX_PAUSE), wait or 0.0)
+                log.warning("attempt %d/%d: %s; retrying in %.1fs", attempt, tries, problem, delay)
+                time.sleep(delay)
+    finally:
+        if single_use:
+            kept.close()
     raise AgentError(
         f"{what or path} failed after {tries} attempts: {problem}", transient=True, retry_after=wait
     )
