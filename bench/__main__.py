@@ -2,8 +2,9 @@
 write it to FILE (default bench/results.md).
 
 Full: 1, 100 and 1000 concurrent jobs (observe rate likewise), 200 for throughput, 10 + 3
-failover jobs, 1000 agents heartbeating every 30 s for a minute against one API process. Quick
-(about three minutes): 1, 20 and 100; 50; 3 + 1; 1000 agents every 10 s for 20 s. A scenario
+failover jobs, 1000 agents heartbeating every 30 s for a minute against one API process, 2000
+agents every 10 s through two API processes on PostgreSQL, one killed midway. Quick (about
+four minutes): 1, 20 and 100; 50; 3 + 1; 1000 agents every 10 s for 20 s; 2000 every 5 s. A scenario
 that runs past its limit is reported as "timed out after Xs" and the bench moves on. While
 working on one number: `--only overhead --jobs 100` or `--only heartbeats --agents 10000` (the
 report then says "not measured" for the rest).
@@ -29,6 +30,7 @@ from typing import TypeVar
 from temporalio.client import Client
 
 from bench import scenarios
+from bench.api_failover import api_failover
 from bench.cpu import python_loop_ms_per_million
 from bench.handover import handover
 from bench.harness import dev_server
@@ -54,6 +56,8 @@ class Sizes:
     # jobs per placement policy, arriving over this many modelled minutes (bench/scarcity.py)
     scarcity: ScarcitySize = ScarcitySize(jobs=100, arrival_minutes=60.0)
     handover: int = 64  # nodes of the work hand-over scenario's job (bench/handover.py)
+    # agents, seconds between heartbeats, seconds of load, the kill's second (bench/api_failover)
+    api_failover: tuple[int, float, float, float] = (2000, 10.0, 40.0, 20.0)
 
 
 FULL = Sizes(
@@ -72,6 +76,7 @@ QUICK = Sizes(
     heartbeats=(1000, 10.0, 20.0, 5.0),
     scarcity=ScarcitySize(jobs=30, arrival_minutes=30.0),
     handover=16,
+    api_failover=(2000, 5.0, 20.0, 10.0),
 )
 
 
@@ -81,7 +86,8 @@ def limit(jobs: int, per_job: float) -> float:
 
 
 SCENARIOS = (
-    "throughput", "overhead", "failover", "observe", "heartbeats", "handover", "scarcity",
+    "throughput", "overhead", "failover", "observe", "heartbeats", "api-failover", "handover",
+    "scarcity",
 )  # fmt: skip
 
 
@@ -123,6 +129,12 @@ async def run_all(
         results.heartbeats = await step(
             f"heartbeats, {agents} agents every {interval:g}s against one API process",
             heartbeats(agents, interval, seconds, burst),
+        )
+    if "api-failover" in only:
+        agents, interval, seconds, kill_at = sizes.api_failover
+        results.api_failover = await step(
+            f"two API processes on PostgreSQL, {agents} agents, one killed at {kill_at:g}s",
+            api_failover(agents, interval, seconds, kill_at),
         )
     for long_poll in (True, False) if "handover" in only else ():
         results.handover.append(

@@ -180,7 +180,7 @@ def register_workers(database_url: str, agents: int, credentials_file: Path) -> 
         handle.write("\n".join(credentials) + "\n")
 
 
-async def _api_ready(url: str, process: asyncio.subprocess.Process) -> None:
+async def api_ready(url: str, process: asyncio.subprocess.Process) -> None:
     deadline = asyncio.get_running_loop().time() + READY_TIMEOUT
     async with httpx.AsyncClient() as http:
         while True:
@@ -196,7 +196,7 @@ async def _api_ready(url: str, process: asyncio.subprocess.Process) -> None:
             await asyncio.sleep(0.1)
 
 
-async def _load(request: LoadRequest) -> LoadResult:
+async def run_load(request: LoadRequest) -> LoadResult:
     process = await asyncio.create_subprocess_exec(
         sys.executable, "-m", "bench.heartbeat_load",
         stdin=asyncio.subprocess.PIPE,
@@ -213,7 +213,7 @@ async def _load(request: LoadRequest) -> LoadResult:
 
 async def _phase(api_pid: int, request: LoadRequest) -> Phase:
     before = process_cpu(api_pid)
-    result = await _load(request)
+    result = await run_load(request)
     return Phase.of(request, result, process_cpu(api_pid) - before)
 
 
@@ -237,7 +237,7 @@ async def heartbeats(agents: int, interval: float, seconds: float, burst: float)
             env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
         )  # fmt: skip
         try:
-            await _api_ready(f"http://127.0.0.1:{port}", api)
+            await api_ready(f"http://127.0.0.1:{port}", api)
             paced = {"port": port, "agents": agents, "interval": interval, "seconds": seconds}
             health = {"method": "GET", "path": "/v1/health", **paced}
             beats = {"credentials_file": str(credentials), **paced}

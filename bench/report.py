@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from bench import handover_report, heartbeat_report, scarcity_report
+from bench import api_failover_report, handover_report, heartbeat_report, scarcity_report
 from bench.cpu import CpuTimes
 from bench.scenarios import (
     GONE_CALLS,
@@ -352,6 +352,7 @@ def render(results: BenchResults) -> str:
     for section in (_overhead, _limit, _throughput, _failover, _api_calls, _history):
         lines += section(results)
     lines += heartbeat_report.section(results.heartbeats)
+    lines += api_failover_report.section(results.api_failover)
     lines += handover_report.section(results.handover)
     lines += scarcity_report.section(results.scarcity)
     return "\n".join(lines).rstrip() + "\n"

@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from bench.api_failover import ApiFailoverRun
 from bench.handover import HandoverRun
 from bench.harness import JobTiming
 from bench.heartbeats import HeartbeatRun
@@ -24,6 +25,7 @@ class BenchResults:
     failover: list[FailoverRun] = field(default_factory=list)
     observe: list[ObserveRun] = field(default_factory=list)
     heartbeats: HeartbeatRun | None = None
+    api_failover: ApiFailoverRun | None = None  # two API processes, one killed
     handover: list[HandoverRun] = field(default_factory=list)  # with long polls, then without
     scarcity: list[PolicyRun] = field(default_factory=list)  # one run per placement policy
     duration: float = 0.0

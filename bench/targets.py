@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench import heartbeat_report, scarcity_report
+from bench import api_failover_report, heartbeat_report, scarcity_report
 from bench.stats import (
     BenchResults,
     end_to_end,
@@ -28,6 +28,7 @@ def targets(results: BenchResults) -> list[Check]:
         _observe(results),
         _history(results),
         _heartbeats(results),
+        _api_failover(results),
         _scarcity(results),
     ]
 
@@ -109,6 +110,11 @@ def _history(results: BenchResults) -> Check:
 
 def _heartbeats(results: BenchResults) -> Check:
     name, measured, ok = heartbeat_report.target(results.heartbeats)
+    return name, measured, _verdict(ok)
+
+
+def _api_failover(results: BenchResults) -> Check:
+    name, measured, ok = api_failover_report.target(results.api_failover)
     return name, measured, _verdict(ok)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from temporalio.client import Client
 
-from bench.__main__ import Sizes, run_all
+from bench.__main__ import SCENARIOS, Sizes, run_all
 from bench.report import render
 from bench.scarcity import POLICIES, ScarcitySize
 from bench.stats import BenchResults
@@ -32,7 +32,8 @@ SMALLEST = Sizes(
 
 async def test_bench_smallest_sizes_run_and_render(client: Client) -> None:
     results = BenchResults(command="pytest", machine="test", quick=True)
-    await run_all(SMALLEST, results, client)
+    # the two-API-process scenario has its own test (tests/test_api_failover.py)
+    await run_all(SMALLEST, results, client, tuple(s for s in SCENARIOS if s != "api-failover"))
 
     assert results.throughput is not None and results.throughput.error is None
     assert results.throughput.timings and all(t.ok for t in results.throughput.timings)
@@ -78,6 +79,7 @@ async def test_bench_smallest_sizes_run_and_render(client: Client) -> None:
         "## Cloud API calls",
         "## History per job",
         "## Heartbeats: one API process",
+        "## Heartbeats: two API processes, one killed",
         "## Work hand-over",
         "## Time to GPU when GPUs are scarce",
     ):

@@ -20,11 +20,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import ipaddress
-import os
-import shutil
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,10 +31,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from bench.front import NginxMissing, user_line
+from bench.front import running_nginx as running_nginx_config
 from gpuprov.cli.dev import free_port
 
 SERVER_NAME = "temporal.test"
-NGINX = "/usr/sbin/nginx"
 _DAY = datetime.timedelta(days=1)
 
 
@@ -233,57 +230,25 @@ class TlsFront:
         return f"127.0.0.1:{self.api_key_port}"
 
 
-def _listening(port: int) -> bool:
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-        return True
-    return False
-
-
 @contextlib.contextmanager
 def running_nginx(directory: Path, upstream: str, pki: Pki, api_key: str) -> Iterator[TlsFront]:
     """nginx terminating TLS for `upstream` (host:port of a plaintext gRPC server)."""
-    if not (os.access(NGINX, os.X_OK) or shutil.which("nginx")):
-        pytest.fail(f"{NGINX} is missing: install nginx (make test does)", pytrace=False)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "tmp").mkdir(exist_ok=True)
     mtls_port, api_key_port = free_port(), free_port()
-    config = directory / "nginx.conf"
-    config.write_text(
-        _CONFIG.format(
-            # As root, nginx's workers would drop to `nobody`, who cannot enter the test's
-            # private temp directory.
-            user="user root;" if os.geteuid() == 0 else "",
-            dir=directory,
-            mtls_port=mtls_port,
-            api_key_port=api_key_port,
-            server_cert=pki.path("server.pem"),
-            server_key=pki.path("server.key"),
-            ca=pki.ca,
-            upstream=upstream,
-            api_key=api_key,
-        )
+    config = _CONFIG.format(
+        user=user_line(),
+        dir=directory,
+        mtls_port=mtls_port,
+        api_key_port=api_key_port,
+        server_cert=pki.path("server.pem"),
+        server_key=pki.path("server.key"),
+        ca=pki.ca,
+        upstream=upstream,
+        api_key=api_key,
     )
-    binary = NGINX if os.access(NGINX, os.X_OK) else str(shutil.which("nginx"))
-    process = subprocess.Popen(
-        [binary, "-p", str(directory), "-c", str(config), "-e", str(directory / "error.log")],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,  # -e: startup errors go to error.log too
-    )
-    try:
-        # A readiness wait for a process we started, not a timed assertion: nginx binds its
-        # ports at once, or exits saying why.
-        deadline = time.monotonic() + 30
-        while not (_listening(mtls_port) and _listening(api_key_port)):
-            if process.poll() is not None or time.monotonic() > deadline:
-                error_log = directory / "error.log"
-                log = error_log.read_text() if error_log.exists() else ""
-                pytest.fail(f"nginx did not start: {log[-2000:]}", pytrace=False)
-            time.sleep(0.02)
-        yield TlsFront(mtls_port, api_key_port, process)
-    finally:
-        process.terminate()
+    with contextlib.ExitStack() as stack:
         try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+            nginx = running_nginx_config(directory, config, [mtls_port, api_key_port])
+            process = stack.enter_context(nginx)
+        except (NginxMissing, RuntimeError) as error:
+            pytest.fail(str(error), pytrace=False)
+        yield TlsFront(mtls_port, api_key_port, process)

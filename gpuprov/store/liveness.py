@@ -166,14 +166,17 @@ class Liveness:
         it). Nothing is acknowledged before the commit: a batch that fails fails every beat in
         it, and a worker is never taken for alive on a heartbeat that was not recorded."""
         now = now or utcnow()
-        answers: list[Beat | None] = []
+        answers: list[Beat | None] = [None] * len(beats)
+        # rows are locked in credential order, the same in every API process: two batches on
+        # one PostgreSQL that share a worker (a heartbeat retried on the other process) wait
+        # for each other instead of deadlocking
+        order = sorted(range(len(beats)), key=lambda index: beats[index].credential)
         with self.db.engine.begin() as connection:
-            for beat in beats:
+            for index in order:
+                beat = beats[index]
                 worker_id = live_worker_id(connection, beat.credential)
-                answers.append(
-                    None
-                    if worker_id is None
-                    else self._beat(
+                if worker_id is not None:
+                    answers[index] = self._beat(
                         connection,
                         worker_id,
                         beat.healthy,
@@ -182,7 +185,6 @@ class Liveness:
                         beat.notice,
                         now,
                     )
-                )
         return answers
 
     def _beat(
