@@ -73,6 +73,7 @@ from gpuprov.api import work as api_work
 from gpuprov.api import workers as api_workers
 from gpuprov.api.auth import AuthFailures
 from gpuprov.api.dashboard import routes as api_dashboard
+from gpuprov.api.heartbeats import PATH as HEARTBEAT_PATH
 from gpuprov.api.heartbeats import HeartbeatPath
 from gpuprov.api.work import TemporalSource
 from gpuprov.api.work_secrets import WorkSecrets
@@ -211,6 +212,24 @@ async def _database_unavailable(request: Request, error: Exception) -> JSONRespo
     )
 
 
+class ControlPlaneApp(FastAPI):
+    """The API's FastAPI, with HeartbeatPath in front of all of it: a well-formed heartbeat
+    (the request every node sends every interval) is answered before the framework's
+    telemetry check, error, exception and body-limit layers; anything else, and any heartbeat
+    it does not answer with a 200, goes through all of them (BodyLimit included)."""
+
+    def __init__(self, **settings: Any) -> None:
+        super().__init__(**settings)
+        self._heartbeats_first = HeartbeatPath(functools.partial(FastAPI.__call__, self))
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == HEARTBEAT_PATH:
+            scope["app"] = self
+            await self._heartbeats_first(scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(
     records: Records,
     *,
@@ -230,11 +249,10 @@ def create_app(
     `temporal_ui_url` is where the dashboard links each job's workflow (none: no link)."""
     # No /docs, /redoc or /openapi.json: nothing but health is served to an unauthenticated
     # caller. `create_app(...).openapi()` still builds the document.
-    app = FastAPI(
+    app = ControlPlaneApp(
         title="gpuprov control plane", version="1", docs_url=None, redoc_url=None, openapi_url=None
     )
     app.add_middleware(BodyLimit, timeout=body_timeout)
-    app.add_middleware(HeartbeatPath)  # outside BodyLimit: what it passes on is limited there
     for unavailable in DATABASE_UNAVAILABLE:
         app.add_exception_handler(unavailable, _database_unavailable)
     app.state.records = records
