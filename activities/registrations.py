@@ -32,7 +32,7 @@ from gpuprov.store.records import Records
 from providers.base import Model
 from providers.errors import BlockScope, ErrorKind, ProviderError
 
-READ_INTERVAL = 0.5  # seconds between the shared reads of the workers table
+READ_INTERVAL = 0.2  # seconds between the shared reads of the workers table (one per worker)
 HEALTH_INTERVAL = 10.0  # seconds between probes of the API's health endpoint
 HEALTH_TIMEOUT = 5.0
 

@@ -238,16 +238,9 @@ class StoreActivities:
     @activity.defn(name="mark_placed")
     async def mark_placed(self, request: PlacedInput) -> None:
         """At ready: the job's reserved workers become busy, its machines' rows running."""
-        await asyncio.to_thread(self._mark_placed, request)
-
-    def _mark_placed(self, request: PlacedInput) -> None:
-        for vm in request.vms:
-            if self._records.get_vm(vm) is not None:
-                self._records.set_vm_status(vm, "running")
-        for worker_id in request.worker_ids:
-            worker = self._records.get_worker(worker_id)
-            if worker is not None and worker.state == "reserved":
-                self._records.set_worker_state(worker_id, "busy", request.job)
+        await asyncio.to_thread(
+            self._records.mark_placed, request.job, request.vms, request.worker_ids
+        )
 
     @activity.defn(name="record_orphan")
     async def record_orphan(self, request: OrphanInput) -> None:

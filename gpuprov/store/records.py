@@ -572,6 +572,29 @@ class Records:
                 revoke_worker_credentials(session, utcnow(), col(WorkerRecord.id) == worker_id)
             session.commit()
 
+    def mark_placed(self, job: str, vms: Sequence[str], worker_ids: Sequence[str]) -> None:
+        """At ready, in one transaction: the rows of `vms` that exist say running, and those of
+        `worker_ids` still reserved become busy for `job` (a worker released or revoked
+        meanwhile is left as it is)."""
+        now = utcnow()
+        with self.db.session() as session:
+            if vms:
+                session.exec(
+                    _update(VmRecord)
+                    .where(col(VmRecord.vm).in_(list(vms)))
+                    .values(status="running")
+                )
+            if worker_ids:
+                session.exec(
+                    _update(WorkerRecord)
+                    .where(
+                        col(WorkerRecord.id).in_(list(worker_ids)),
+                        col(WorkerRecord.state) == "reserved",
+                    )
+                    .values(state="busy", job=job, updated_at=now)
+                )
+            session.commit()
+
     def get_worker(self, worker_id: str) -> WorkerRecord | None:
         with self.db.session() as session:
             return session.get(WorkerRecord, worker_id)

@@ -474,6 +474,35 @@ def test_reserve_worker_takes_the_oldest_eligible_idle_existing_worker(
     assert records.reserve_worker(job="y", eligible=lambda w: False) is None
 
 
+def test_mark_placed_makes_the_rows_running_and_the_reserved_workers_busy_in_one_go(
+    records: Records, database: Database
+):
+    for index in range(3):
+        record_vm(records, vm=f"train-a1-n{index}", node_index=index)
+    reserved = add_worker(records, database, label="reserved", state="reserved", job="train")
+    idle = add_worker(records, database, label="idle")
+    revoked = add_worker(records, database, label="gone", state="revoked", job="train")
+    vms = ["train-a1-n0", "train-a1-n1", "train-a1-n2", "train-a1-never-created"]
+
+    records.mark_placed("train", vms, [reserved.id, idle.id, revoked.id, "no-such-worker"])
+
+    assert {vm.vm: vm.status for vm in records.get_vms(vms).values()} == {
+        f"train-a1-n{index}": "running" for index in range(3)
+    }
+    states = {
+        worker.label: (worker.state, worker.job)
+        for worker in map(records.get_worker, (reserved.id, idle.id, revoked.id))
+        if worker is not None
+    }
+    assert states == {
+        "reserved": ("busy", "train"),
+        "idle": ("idle", None),
+        "gone": ("revoked", "train"),
+    }
+    records.mark_placed("train", vms, [reserved.id])  # a retried step changes nothing more
+    assert records.get_worker(reserved.id).state == "busy"  # type: ignore[union-attr]
+
+
 def test_sixteen_threads_racing_for_one_worker_one_wins(records: Records, database: Database):
     worker = add_worker(records, database)
 
