@@ -13,6 +13,7 @@ import asyncio
 import time
 import uuid
 
+from bench.cloud import CallRecord, TimedCloud
 from bench.harness import JobTiming
 from gpuprov.config import FakeProviderConfig
 from providers.base import InstanceSpec, InstanceStatus, ResourceRequest
@@ -23,15 +24,15 @@ REQUEST = ResourceRequest(gpu="H100", gpus_per_node=8)
 
 async def run_baseline(
     config: FakeProviderConfig, count: int
-) -> tuple[list[JobTiming], dict[tuple[str, str], int]]:
-    """`count` baseline jobs at once: their timings and the cloud's call counts."""
-    cloud = FakeCloud(config)
+) -> tuple[list[JobTiming], dict[tuple[str, str], int], list[CallRecord]]:
+    """`count` baseline jobs at once: their timings, the cloud's call counts and its trace."""
+    cloud = TimedCloud(config, trace=True)
     run = uuid.uuid4().hex[:6]
     try:
         timings = await asyncio.gather(
             *(_one_job(cloud, f"base-{run}-{index}") for index in range(count))
         )
-        return list(timings), cloud.state.call_counts()
+        return list(timings), cloud.state.call_counts(), cloud.calls
     finally:
         await cloud.aclose()
 

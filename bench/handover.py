@@ -30,18 +30,20 @@ from sqlmodel import select
 from starlette.types import Receive, Scope, Send
 from temporalio.client import Client
 
+from bench.billed_idle import NodeIdle, calls_of, worked_idle
+from bench.cloud import TimedCloud
 from bench.scenarios import fake_cloud
 from gpuprov.api.app import create_app, serving
 from gpuprov.cli.dev import free_port
-from gpuprov.config import JobsSettings, WorkersSettings
+from gpuprov.config import FakeProviderConfig, JobsSettings, WorkersSettings
 from gpuprov.engine.worker import build_worker, open_records
 from gpuprov.models import JobSpec, JobState, Resources
 from gpuprov.sdk.client import GpuprovClient
 from gpuprov.store.db import WorkerRecord, WorkRecord
 from providers.fake import agent as fake_agent
-from providers.fake.cloud import FakeCloud
 
 HEARTBEAT = 5.0  # seconds between one node's heartbeats: they wake nothing here
+GPUS_PER_NODE = 8
 
 
 def _percentile(values: list[float], p: float) -> float | None:
@@ -62,6 +64,8 @@ class HandoverRun:
     job_wrote_after: float | None = None
     # ... and this long each node to hear of it and start it.
     node_started_after: list[float] = field(default_factory=list)
+    idle: list[NodeIdle] = field(default_factory=list)  # billed idle per node (billed_idle.py)
+    gpus_per_node: int = GPUS_PER_NODE
     waiting_seconds: float = 0.0  # first registration to the work written
     work_reads: int = 0  # GET /v1/work answered meanwhile
     state: str | None = None
@@ -120,7 +124,7 @@ async def handover(client: Client, nodes: int, long_poll: bool, timeout: float) 
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         config = fake_cloud(simulate_agent=True, boot_delay_seconds=0.2, poll_interval=0.2)
-        cloud = FakeCloud(config)
+        cloud = TimedCloud(config, trace=True)
         task_queue = f"bench-handover-{uuid.uuid4().hex[:8]}"
         workers = WorkersSettings(heartbeat_interval_seconds=HEARTBEAT, lost_after_seconds=120)
         app = WorkReads(
@@ -133,7 +137,7 @@ async def handover(client: Client, nodes: int, long_poll: bool, timeout: float) 
         spec = JobSpec(
             name=spec_name,
             nodes=nodes,
-            resources=Resources(gpu="H100", gpus_per_node=8),
+            resources=Resources(gpu="H100", gpus_per_node=GPUS_PER_NODE),
             provisioning_timeout_seconds=int(timeout),
             run="true",
         )
@@ -146,6 +150,7 @@ async def handover(client: Client, nodes: int, long_poll: bool, timeout: float) 
                     if final.state is not JobState.COMPLETED:
                         run.error = final.error or f"the job ended {final.state.value}"
             _measure(run, records, spec.name, app.at)
+            _idle(run, records, spec.name, cloud, config)
         except (TimeoutError, RuntimeError) as error:
             run.error = run.error or f"{type(error).__name__}: {error}"
         finally:
@@ -173,6 +178,34 @@ def _measure(run: HandoverRun, records: object, job: str, reads: list[float]) ->
     first = min(registered)
     run.waiting_seconds = (written - first).total_seconds()
     run.work_reads = sum(1 for at in reads if _stamp(first) <= at < _stamp(written))
+
+
+def _idle(
+    run: HandoverRun, records: object, job: str, cloud: TimedCloud, config: FakeProviderConfig
+) -> None:
+    """Each node's billed idle: registration, placement, hand-over, and down from its work's
+    end (bench/billed_idle.py)."""
+    with records.db.session() as session:  # type: ignore[attr-defined]
+        workers = session.exec(select(WorkerRecord).where(WorkerRecord.job == job)).all()
+        work = session.exec(select(WorkRecord).where(WorkRecord.job == job)).all()
+    registered = {row.id: row.registered_at for row in workers}
+    by_vm = calls_of(cloud.calls)
+    for row in work:
+        calls = by_vm.get(row.vm or "")
+        if calls is None or row.started_at is None or row.worker_id not in registered:
+            continue
+        run.idle.append(
+            worked_idle(
+                calls,
+                registered=_stamp(registered[row.worker_id]),
+                written=_stamp(row.created_at),
+                started=_stamp(row.started_at),
+                ended=_stamp(row.ended_at) if row.ended_at else None,
+                boot_delay=config.boot_delay_seconds,
+                delete_delay=config.delete_delay_seconds,
+                vm=row.vm or "",
+            )
+        )
 
 
 def _stamp(moment: datetime) -> float:

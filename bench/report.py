@@ -5,7 +5,13 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from bench import api_failover_report, handover_report, heartbeat_report, scarcity_report
+from bench import (
+    api_failover_report,
+    billed_idle_report,
+    handover_report,
+    heartbeat_report,
+    scarcity_report,
+)
 from bench.cpu import CpuTimes
 from bench.scenarios import (
     GONE_CALLS,
@@ -354,5 +360,6 @@ def render(results: BenchResults) -> str:
     lines += heartbeat_report.section(results.heartbeats)
     lines += api_failover_report.section(results.api_failover)
     lines += handover_report.section(results.handover)
+    lines += billed_idle_report.section(results.overhead, results.handover)
     lines += scarcity_report.section(results.scarcity)
     return "\n".join(lines).rstrip() + "\n"

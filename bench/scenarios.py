@@ -22,6 +22,7 @@ from typing import Any
 from temporalio.client import Client
 
 from bench.baseline import run_baseline
+from bench.billed_idle import NodeIdle, calls_of, lease_idle
 from bench.cloud import CallRecord
 from bench.cpu import CpuTimes
 from bench.driver import bench_job
@@ -139,13 +140,35 @@ class OverheadRun:
     peak_rss_mb: float = 0.0
     cpu: CpuTimes | None = None  # during the gpuprov batch
     error: str | None = None  # "timed out after Xs"
+    idle: list[NodeIdle] = field(default_factory=list)  # billed idle, gpuprov's nodes
+    baseline_idle: list[NodeIdle] = field(default_factory=list)
+
+
+def billed_idle_of(
+    timings: list[JobTiming], calls: list[CallRecord], config: FakeProviderConfig
+) -> list[NodeIdle]:
+    """Each single-node job's billed idle (bench/billed_idle.py): its VM is the one whose name
+    starts with the job's."""
+    by_vm = calls_of(calls)
+    idle = []
+    for timing in timings:
+        vm = next((vm for vm in by_vm if vm.startswith(f"{timing.name}-")), None)
+        if vm is None:
+            continue
+        node = lease_idle(
+            timing.ready, timing.released, by_vm[vm],
+            config.boot_delay_seconds, config.delete_delay_seconds, vm,
+        )  # fmt: skip
+        if node is not None:
+            idle.append(node)
+    return idle
 
 
 async def overhead(client: Client, jobs: int, timeout: float) -> OverheadRun:
     """N single-node jobs at once through gpuprov, then N through the plain loop."""
     config = fake_cloud(**OVERHEAD)
     result = OverheadRun(jobs=jobs, floor=Floor.of(config))
-    async with bench_worker(client, config, max_jobs=jobs) as bench:
+    async with bench_worker(client, config, max_jobs=jobs, trace=True) as bench:
         try:
             batch = await run_jobs(bench, job_names("ovh", jobs), timeout)
             result.gpuprov, result.cpu = batch.timings, batch.cpu
@@ -153,9 +176,11 @@ async def overhead(client: Client, jobs: int, timeout: float) -> OverheadRun:
             result.error = str(error)
             await terminate_all(client, bench.task_queue)
         result.calls = calls_by_primitive(bench.cloud.state.call_counts())
+        result.idle = billed_idle_of(result.gpuprov, bench.cloud.calls, config)
     result.peak_rss_mb = peak_rss_mb()
-    result.baseline, baseline_counts = await run_baseline(config, jobs)
+    result.baseline, baseline_counts, baseline_trace = await run_baseline(config, jobs)
     result.baseline_calls = calls_by_primitive(baseline_counts)
+    result.baseline_idle = billed_idle_of(result.baseline, baseline_trace, config)
     return result
 
 

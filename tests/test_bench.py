@@ -45,6 +45,10 @@ async def test_bench_smallest_sizes_run_and_render(client: Client) -> None:
         assert [t.ok for t in run.gpuprov] == [True] * run.jobs
         assert [t.ok for t in run.baseline] == [True] * run.jobs
         assert run.calls["create"] == run.jobs == run.baseline_calls["create"]
+        # billed idle: one node a job, both sides, every phase measured and none negative
+        assert len(run.idle) == len(run.baseline_idle) == run.jobs
+        for node in run.idle + run.baseline_idle:
+            assert node.up >= 0 and node.down is not None and node.down >= 0
     happy = results.overhead[0].gpuprov[0]
     assert 0 < happy.events <= MAX_HAPPY_EVENTS, happy.events
     assert [len(run.samples) for run in results.failover] == [1, 3]
@@ -62,6 +66,10 @@ async def test_bench_smallest_sizes_run_and_render(client: Client) -> None:
         assert run.error is None and run.state == "completed", run
         assert len(run.handover) == len(run.node_started_after) == 2
         assert run.job_wrote_after is not None and run.job_wrote_after >= 0
+        assert len(run.idle) == 2
+        for node in run.idle:
+            phases = (node.registration, node.placement, node.handover)
+            assert None not in phases and node.up == pytest.approx(sum(phases))  # type: ignore[arg-type]
 
     assert [run.policy for run in results.scarcity] == [policy.name for policy in POLICIES]
     for run in results.scarcity:
@@ -81,6 +89,7 @@ async def test_bench_smallest_sizes_run_and_render(client: Client) -> None:
         "## Heartbeats: one API process",
         "## Heartbeats: two API processes, one killed",
         "## Work hand-over",
+        "## Billed idle: GPU-seconds waiting on gpuprov",
         "## Time to GPU when GPUs are scarce",
     ):
         assert heading in report
