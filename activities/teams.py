@@ -73,6 +73,13 @@ class TeamActivities:
                     team=request.team,
                     refused=unknown_secret(variable, missing[0], request.team),
                 )
+        if team.monthly_budget_usd is None and team.max_gpus is None:
+            # nothing to weigh the job against: the month's spend (a read of every cost and
+            # every machine the team holds) would change no answer
+            self._teams.admit_run(request.job, request.run, request.team, request.gpus_per_node)
+            return Admission(
+                team=request.team, on_exceed=team.on_exceed, check_seconds=self._check_seconds
+            )
         spend = self._teams.spend(request.team, request.now)
         wanted = request.nodes * request.gpus_per_node
         free = spend.gpus_free

@@ -22,7 +22,7 @@ from datetime import datetime
 from enum import StrEnum
 
 import sqlalchemy as sa
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import col, select
 
 from gpuprov.store.db import Database, UtcDateTime, VmFence, VmRecord, utcnow
@@ -131,11 +131,13 @@ class VmFences:
         return row.call_until
 
     def _ensure_row(self, vm: str, now: datetime) -> None:
+        """The VM's fence row, written once: one statement, whoever writes it first."""
+        insert = postgresql.insert if self._db.dialect == "postgresql" else sqlite.insert
+        table = VmFence.__table__  # type: ignore[attr-defined]
         with self._db.session() as session:
-            if session.exec(select(VmFence.vm).where(VmFence.vm == vm)).first() is not None:
-                return
-            session.add(VmFence(vm=vm, updated_at=now))
-            try:
-                session.commit()
-            except IntegrityError:  # another process wrote it first: the same row
-                session.rollback()
+            session.execute(
+                insert(table)
+                .values(vm=vm, updated_at=now)
+                .on_conflict_do_nothing(index_elements=["vm"])
+            )
+            session.commit()

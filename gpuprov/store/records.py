@@ -42,6 +42,7 @@ from gpuprov.store.db import (
     UtcDateTime,
     VmRecord,
     WorkerRecord,
+    insert_row,
     utcnow,
 )
 from gpuprov.store.runs import note_run, run_of_vm
@@ -143,18 +144,16 @@ class Records:
             billing_granularity_seconds=billing.granularity_seconds if billing else None,
             billing_minimum_seconds=billing.minimum_seconds if billing else None,
         )
-        existing = self.get_vm(vm)
-        if existing is None:
-            try:
-                with self.db.session() as session:
-                    session.add(row)
-                    note_run(session, self.db.dialect, job, row.run)
-                    session.commit()
-                return row
-            except IntegrityError:
-                existing = self.get_vm(vm)
-                if existing is None:
-                    raise
+        try:  # the first call's one transaction; a repeat finds the row (its identity's key)
+            with self.db.session() as session:
+                insert_row(session, row)
+                note_run(session, self.db.dialect, job, row.run)
+                session.commit()
+            return row
+        except IntegrityError:
+            existing = self.get_vm(vm)
+            if existing is None:
+                raise
         if existing.job != job:
             raise ValueError(f"VM {vm!r} is already recorded for job {existing.job!r}")
         return existing
@@ -276,14 +275,15 @@ class Records:
             if vm is not None and session.exec(known).first() is None:
                 raise KeyError(f"no VM record {vm!r}: record the VM before minting its token")
             session.exec(sa.delete(JoinToken).where(binding, col(JoinToken.used_at).is_(None)))
-            session.add(
+            insert_row(
+                session,
                 JoinToken(
                     token_sha256=self.hash_token(plaintext),
                     vm=vm,
                     label=label,
                     expires_at=now + ttl,
                     created_at=now,
-                )
+                ),
             )
             session.commit()
         return plaintext
@@ -360,7 +360,7 @@ class Records:
             provider=provider,
         )
         with self.db.session() as session:
-            session.add(row)
+            insert_row(session, row)
             note_run(session, self.db.dialect, job, run)
             session.commit()
         return row

@@ -181,13 +181,14 @@ class Teams:
         with self.db.session() as session:
             runs = team_runs(team)
             actuals = session.exec(
-                select(CostRecord.amount, CostRecord.currency)
+                select(CostRecord.currency, sa.func.sum(CostRecord.amount))
                 .join(
                     runs,
                     sa.and_(runs.c.job == CostRecord.job, runs.c.run == CostRecord.run),
                 )
                 .where(CostRecord.kind == "actual", col(CostRecord.recorded_at) >= start)
-            ).all()
+                .group_by(CostRecord.currency)
+            ).all()  # summed by the database, not row by row here
             held = session.exec(
                 select(VmRecord, runs.c.gpus_per_node)
                 .join(
@@ -199,7 +200,7 @@ class Teams:
                     col(VmRecord.terminated_at).is_(None),
                 )
             ).all()
-        for amount, currency in actuals:
+        for currency, amount in actuals:
             if currency == "USD":
                 spent += amount
             else:
