@@ -84,6 +84,10 @@ UNWIND_WINNER_AT_DEADLINE = "unwind-winner-at-deadline"
 ASSIGN_WORK_AS_TASK = "assign-work-as-task"
 # A job is admitted by its team, tagged GpuprovTeam, held to its team's budget (workflows/job.py).
 TEAMS = "teams"
+# Every change above at once (2026-12-06): a run started from now on records this one marker
+# (and one TemporalChangeVersion upsert), not six of each; a run started before it replays
+# the six it recorded.
+ALL_CHANGES_2026_12 = "provisioning-changes-2026-12"
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,15 @@ class ProvisioningChanges:
 
     @classmethod
     def decide(cls) -> ProvisioningChanges:
+        if workflow.patched(ALL_CHANGES_2026_12):
+            return cls(
+                capacity_wait=True,
+                attempt_records=True,
+                abandon_stray_work=True,
+                unwind_winner_at_deadline=True,
+                assign_work_as_task=True,
+                teams=True,
+            )
         return cls(
             capacity_wait=workflow.patched(CAPACITY_WAIT),
             attempt_records=workflow.patched(ATTEMPT_RECORDS),
