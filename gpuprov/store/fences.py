@@ -131,10 +131,14 @@ class VmFences:
         return row.call_until
 
     def _ensure_row(self, vm: str, now: datetime) -> None:
-        """The VM's fence row, written once: one statement, whoever writes it first."""
+        """The VM's fence row, written once, whoever writes it first. Read first: most calls
+        find it, and a read takes no write lock (on SQLite, the one lock every writer waits
+        for)."""
         insert = postgresql.insert if self._db.dialect == "postgresql" else sqlite.insert
         table = VmFence.__table__  # type: ignore[attr-defined]
         with self._db.session() as session:
+            if session.exec(select(VmFence.vm).where(VmFence.vm == vm)).first() is not None:
+                return
             session.execute(
                 insert(table)
                 .values(vm=vm, updated_at=now)
