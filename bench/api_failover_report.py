@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 from bench.api_failover import ApiFailoverRun
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1000:.1f}"
+from bench.heartbeat_report import milliseconds as _ms
 
 
 def section(run: ApiFailoverRun | None) -> list[str]:

@@ -9,7 +9,8 @@ DEFAULT_INTERVAL = 30.0  # [workers] heartbeat_interval_seconds
 MAX_CORE_SHARE = 0.10
 
 
-def _ms(seconds: float | None) -> str:
+def milliseconds(seconds: float | None) -> str:
+    """Seconds shown as milliseconds, one decimal; "-" for none."""
     return "-" if seconds is None else f"{seconds * 1000:.1f}"
 
 
@@ -22,9 +23,9 @@ def _row(label: str, phase: Phase | None) -> list[str]:
         label,
         str(phase.agents),
         f"{offered} / {phase.rate:.1f}",
-        f"{_ms(phase.p50)} / {_ms(phase.p99)}",
+        f"{milliseconds(phase.p50)} / {milliseconds(phase.p99)}",
         f"{phase.api_cpu:.2f}",
-        _ms(phase.cpu_per_request),
+        milliseconds(phase.cpu_per_request),
         f"{phase.core_share:.1%}",
         errors,
     ]
@@ -79,15 +80,16 @@ def section(run: HeartbeatRun | None) -> list[str]:
     paced, floor = run.paced, run.floor
     if paced and floor and paced.cpu_per_request and floor.cpu_per_request:
         ratio = paced.cpu_per_request / floor.cpu_per_request
+        cost = milliseconds(paced.cpu_per_request)
         lines.append(
-            f"A heartbeat costs the API {_ms(paced.cpu_per_request)} ms of CPU: {ratio:.2f} x "
+            f"A heartbeat costs the API {cost} ms of CPU: {ratio:.2f} x "
             "the floor's request (a health check on a new connection), its credential checked "
             "and its row written in a batch's transaction."
         )
     before = run.paced_new_connections
     if paced and before and paced.cpu_per_request and before.cpu_per_request:
         lines.append(
-            f"On a new connection per heartbeat it cost {_ms(before.cpu_per_request)} ms "
+            f"On a new connection per heartbeat it cost {milliseconds(before.cpu_per_request)} ms "
             f"({before.cpu_per_request / paced.cpu_per_request:.1f} x a kept connection's)."
         )
     if run.lost_workers is not None:
