@@ -69,10 +69,11 @@ class KeptConnections:
                     raise
                 connection, reused = None, False  # closed while idle: once more, new
                 continue
-            except (OSError, http.client.HTTPException) as error:
+            except OSError:
                 connection.close()
-                if isinstance(error, OSError):
-                    raise
+                raise
+            except http.client.HTTPException as error:
+                connection.close()
                 raise ProtocolError(f"unreadable answer: {error!r}") from None
             if answer.keep:
                 kept[origin] = connection
