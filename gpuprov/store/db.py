@@ -18,6 +18,7 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ import sqlalchemy as sa
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, Dialect, Engine, make_url
 from sqlalchemy.orm import registry
 from sqlmodel import Field, Session, SQLModel
@@ -576,6 +578,11 @@ def _sqlite_engine(url: URL) -> Engine:
         cursor.close()
 
     return engine
+
+
+def dialect_insert(dialect: str) -> Callable[..., Any]:
+    """The INSERT of `dialect` ("postgresql" or "sqlite"): the one with ON CONFLICT."""
+    return postgresql.insert if dialect == "postgresql" else sqlite.insert
 
 
 def insert_row(session: Session, row: SQLModel) -> None:

@@ -22,10 +22,9 @@ from datetime import datetime
 from enum import StrEnum
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import col, select
 
-from gpuprov.store.db import Database, UtcDateTime, VmFence, VmRecord, utcnow
+from gpuprov.store.db import Database, UtcDateTime, VmFence, VmRecord, dialect_insert, utcnow
 
 # VM rows in these states are being torn down once the fence is up.
 _LIVE_VM_STATUSES = ("recorded", "created", "running")
@@ -134,7 +133,7 @@ class VmFences:
         """The VM's fence row, written once, whoever writes it first. Read first: most calls
         find it, and a read takes no write lock (on SQLite, the one lock every writer waits
         for)."""
-        insert = postgresql.insert if self._db.dialect == "postgresql" else sqlite.insert
+        insert = dialect_insert(self._db.dialect)
         table = VmFence.__table__  # type: ignore[attr-defined]
         with self._db.session() as session:
             if session.exec(select(VmFence.vm).where(VmFence.vm == vm)).first() is not None:

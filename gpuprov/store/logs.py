@@ -27,11 +27,10 @@ from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import col, select
 
-from gpuprov.store.db import Database, LogChunk, LogUsage, WorkRecord, utcnow
+from gpuprov.store.db import Database, LogChunk, LogUsage, WorkRecord, dialect_insert, utcnow
 from gpuprov.store.runs import pick_run
 from providers.base import Model
 
@@ -127,7 +126,7 @@ class LogRecords:
 
     def _count(self, work: WorkRecord, size: int) -> Any:
         """Add `size` to the run's kept bytes (its row created by its first chunk)."""
-        insert = postgresql.insert if self.db.dialect == "postgresql" else sqlite.insert
+        insert = dialect_insert(self.db.dialect)
         now = utcnow()
         statement = insert(LogUsage).values(
             job=work.job, run=work.run, kept_bytes=size, dropped_bytes=0, updated_at=now

@@ -20,11 +20,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import col, select
 
 from gpuprov.models import AttemptRecord, ErrorKind, OfferStats
-from gpuprov.store.db import NO_RUN, Database, OfferAttempt, new_id
+from gpuprov.store.db import NO_RUN, Database, OfferAttempt, dialect_insert, new_id
 
 # Failures that say an offering is sold out, not broken.
 _OUT_OF_STOCK = {ErrorKind.CAPACITY.value, ErrorKind.QUOTA.value}
@@ -50,7 +49,7 @@ class OfferStatsStore:
     def record(self, record: AttemptRecord) -> bool:
         """Keep one attempt's outcome, and prune its offering; False when this attempt of this
         run was already kept (a retried activity)."""
-        insert = postgresql.insert if self.db.dialect == "postgresql" else sqlite.insert
+        insert = dialect_insert(self.db.dialect)
         values = record.model_dump(mode="python")
         values["run"] = record.run or NO_RUN
         values["kind"] = record.kind.value if record.kind else None

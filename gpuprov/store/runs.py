@@ -19,10 +19,9 @@ from __future__ import annotations
 import re
 from datetime import datetime
 
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import Session, col, select
 
-from gpuprov.store.db import NO_RUN, Database, JobRun, utcnow
+from gpuprov.store.db import NO_RUN, Database, JobRun, dialect_insert, utcnow
 from providers.base import Model
 
 # A run tag as vm_run_tag makes it, at the end of a VM identity.
@@ -50,7 +49,7 @@ def note_run(session: Session, dialect: str, job: str, run: str | None) -> None:
     """Record the run of `job` inside the caller's transaction (nothing if already known)."""
     if not run:
         return
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    insert = dialect_insert(dialect)
     statement = insert(JobRun).values(job=job, run=run, created_at=utcnow())
     session.execute(statement.on_conflict_do_nothing(index_elements=["job", "run"]))
 

@@ -19,12 +19,20 @@ import re
 from datetime import UTC, datetime
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlmodel import col, select
 
 from gpuprov.models import DEFAULT_TEAM, TEAM_NAME_PATTERN, TeamSpend
 from gpuprov.store.costs import team_runs
-from gpuprov.store.db import ON_EXCEED, CostRecord, Database, JobRun, TeamRecord, VmRecord, utcnow
+from gpuprov.store.db import (
+    ON_EXCEED,
+    CostRecord,
+    Database,
+    JobRun,
+    TeamRecord,
+    VmRecord,
+    dialect_insert,
+    utcnow,
+)
 from gpuprov.store.spend import HELD_STATUSES, accrued
 from providers.base import Model
 
@@ -145,7 +153,7 @@ class Teams:
 
     def admit_run(self, job: str, run: str, team: str, gpus_per_node: int) -> None:
         """Record `run` of `job` as `team`'s (its row written now, or given its team)."""
-        insert = postgresql.insert if self.db.dialect == "postgresql" else sqlite.insert
+        insert = dialect_insert(self.db.dialect)
         statement = insert(JobRun).values(
             job=job, run=run, created_at=utcnow(), team=team, gpus_per_node=gpus_per_node
         )
